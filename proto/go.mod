@@ -1,0 +1,7 @@
+module github.com/shizu-gpu/shizu/proto
+
+go 1.26.8
+
+require google.golang.org/protobuf v1.36.12 // indirect
+
+tool google.golang.org/protobuf/cmd/protoc-gen-go

@@ -1,0 +1,3 @@
+module github.com/shizu-gpu/shizu/services/failover
+
+go 1.26.8

@@ -1,0 +1,3 @@
+module github.com/shizu-gpu/shizu/services/node-agent
+
+go 1.26.8
