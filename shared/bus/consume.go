@@ -1,0 +1,329 @@
+package bus
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/subject"
+	"github.com/shizu-gpu/shizu/shared/telemetry"
+)
+
+// Dead-letter headers, added to the copy of a message that could not be
+// processed. The original headers (event id, event name, trace) are kept.
+const (
+	HeaderDLQReason     = "Shizu-Dlq-Reason"
+	HeaderDLQSubject    = "Shizu-Dlq-Subject"
+	HeaderDLQStream     = "Shizu-Dlq-Stream"
+	HeaderDLQStreamSeq  = "Shizu-Dlq-Stream-Seq"
+	HeaderDLQConsumer   = "Shizu-Dlq-Consumer"
+	HeaderDLQDeliveries = "Shizu-Dlq-Deliveries"
+)
+
+// Delivery is one message handed to a handler.
+type Delivery struct {
+	Subject string
+	// Event is the protobuf full name from the Shizu-Event header.
+	Event string
+	// MsgID is the event id (Nats-Msg-Id); handlers are idempotent on it.
+	MsgID  string
+	Header nats.Header
+	Data   []byte
+	// Delivered counts deliveries of this message, 1 on the first.
+	Delivered uint64
+	StreamSeq uint64
+}
+
+// HandlerFunc processes one delivery. Its error decides the outcome: nil
+// acks; an error of kind fault.ErrInvalid terminates the message and copies
+// it to the dead-letter subject; any other error redelivers it after a
+// backoff delay, and the last allowed delivery is dead-lettered instead.
+type HandlerFunc func(ctx context.Context, d Delivery) error
+
+// Router maps event names to handlers. A delivery whose event has no
+// handler is acknowledged and counted, so a consumer keeps working when
+// producers add event types it does not know yet.
+type Router struct {
+	handlers  map[string]HandlerFunc
+	bySubject []subjectEvent
+}
+
+type subjectEvent struct{ pattern, event string }
+
+// NewRouter returns an empty router.
+func NewRouter() *Router { return &Router{handlers: map[string]HandlerFunc{}} }
+
+// Handle registers a handler for raw deliveries of one event name.
+func (r *Router) Handle(event string, h HandlerFunc) { r.handlers[event] = h }
+
+// EventForSubject names the event carried on subjects matching pattern, for
+// producers that do not set the Shizu-Event header.
+func (r *Router) EventForSubject(pattern, event string) {
+	r.bySubject = append(r.bySubject, subjectEvent{pattern, event})
+}
+
+// Validator is implemented by events that can check their own content.
+type Validator interface{ Validate() error }
+
+// On registers a typed handler: the payload is decoded into a new E and,
+// when E has a Validate method, validated. A payload that cannot be decoded
+// or fails validation is dead-lettered with the reason, never redelivered.
+func On[E proto.Message](r *Router, h func(ctx context.Context, ev E, d Delivery) error) {
+	var zero E
+	mt := zero.ProtoReflect().Type()
+	name := string(mt.Descriptor().FullName())
+	r.Handle(name, func(ctx context.Context, d Delivery) error {
+		ev := mt.New().Interface().(E)
+		if err := proto.Unmarshal(d.Data, ev); err != nil {
+			return fault.Invalid("decode %s: %v", name, err)
+		}
+		if v, ok := any(ev).(Validator); ok {
+			if err := v.Validate(); err != nil {
+				return fault.Invalid("validate %s: %v", name, err)
+			}
+		}
+		return h(ctx, ev, d)
+	})
+}
+
+func (r *Router) route(d Delivery) (string, HandlerFunc) {
+	event := d.Event
+	if event == "" {
+		for _, se := range r.bySubject {
+			if subject.Matches(se.pattern, d.Subject) {
+				event = se.event
+				break
+			}
+		}
+	}
+	return event, r.handlers[event]
+}
+
+// ConsumeOptions tune a subscription.
+type ConsumeOptions struct {
+	// Concurrency is how many deliveries are handled at once (default 1,
+	// which keeps per-consumer order).
+	Concurrency int
+	// RetryDelays are the redelivery delays after the 1st, 2nd, ... failed
+	// delivery; the last repeats (default 1s, 2s, 5s, 10s, 30s).
+	RetryDelays []time.Duration
+}
+
+var defaultRetryDelays = []time.Duration{time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second}
+
+// RetryDelay returns the redelivery delay after delivery number n failed.
+func (o ConsumeOptions) RetryDelay(n uint64) time.Duration {
+	ds := o.RetryDelays
+	if len(ds) == 0 {
+		ds = defaultRetryDelays
+	}
+	if n == 0 {
+		n = 1
+	}
+	if n > uint64(len(ds)) {
+		return ds[len(ds)-1]
+	}
+	return ds[n-1]
+}
+
+// Subscription is a running consumer; Drain stops it gracefully.
+type Subscription struct {
+	cc       jetstream.ConsumeContext
+	inflight sync.WaitGroup
+	sem      chan struct{}
+}
+
+// Consume ensures the durable consumer spec and starts handling its
+// deliveries with router. Several replicas consuming the same durable share
+// the work.
+func (c *Conn) Consume(ctx context.Context, spec Consumer, router *Router, opts ConsumeOptions) (*Subscription, error) {
+	cons, err := c.EnsureConsumer(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	spec = spec.withDefaults()
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = 1
+	}
+	s := &Subscription{sem: make(chan struct{}, opts.Concurrency)}
+	w := &worker{c: c, spec: spec, router: router, opts: opts, attrs: metric.WithAttributes(attrConsumer.String(spec.Durable))}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		s.sem <- struct{}{}
+		s.inflight.Add(1)
+		go func() {
+			defer func() { <-s.sem; s.inflight.Done() }()
+			// Handlers run detached from the caller's ctx so a shutdown
+			// lets in-flight work finish; Drain bounds the wait.
+			w.handle(context.WithoutCancel(ctx), m)
+		}()
+	}, jetstream.PullMaxMessages(2*opts.Concurrency), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		c.log.Warn("consume error", "consumer", spec.Durable, "err", err)
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", spec.Durable, err)
+	}
+	s.cc = cc
+	return s, nil
+}
+
+// Drain stops pulling, lets buffered and in-flight deliveries finish and
+// be acknowledged, and returns when all are done or ctx ends.
+func (s *Subscription) Drain(ctx context.Context) error {
+	s.cc.Drain()
+	done := make(chan struct{})
+	go func() {
+		<-s.cc.Closed()
+		s.inflight.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.cc.Stop()
+		return fmt.Errorf("drain: %w", ctx.Err())
+	}
+}
+
+type worker struct {
+	c      *Conn
+	spec   Consumer
+	router *Router
+	opts   ConsumeOptions
+	attrs  metric.MeasurementOption
+}
+
+func (w *worker) handle(ctx context.Context, m jetstream.Msg) {
+	md, err := m.Metadata()
+	if err != nil {
+		w.c.log.Error("delivery without metadata", "consumer", w.spec.Durable, "err", err)
+		_ = m.Nak()
+		return
+	}
+	d := Delivery{
+		Subject:   m.Subject(),
+		Event:     m.Headers().Get(HeaderEvent),
+		MsgID:     m.Headers().Get(HeaderMsgID),
+		Header:    m.Headers(),
+		Data:      m.Data(),
+		Delivered: md.NumDelivered,
+		StreamSeq: md.Sequence.Stream,
+	}
+	event, h := w.router.route(d)
+	d.Event = event
+	parent := w.c.prop.Extract(ctx, telemetry.HeaderCarrier(m.Headers()))
+	ctx, span := w.c.tracer.Start(parent, "process "+event,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithLinks(trace.LinkFromContext(parent)),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "nats"),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.destination.name", d.Subject),
+			attribute.String("messaging.consumer.group.name", w.spec.Durable),
+			attribute.String("messaging.message.id", d.MsgID),
+			attribute.Int64("messaging.nats.delivered", int64(d.Delivered))))
+	defer span.End()
+
+	if h == nil {
+		w.c.log.DebugContext(ctx, "event type has no handler; acknowledged", "consumer", w.spec.Durable, "event", event, "subject", d.Subject)
+		w.count(ctx, outcomeUnknown, event)
+		w.ack(ctx, m)
+		return
+	}
+	start := time.Now()
+	herr := h(ctx, d)
+	w.c.metrics.handle.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(attrConsumer.String(w.spec.Durable), attrEvent.String(event)))
+	switch {
+	case herr == nil:
+		w.count(ctx, outcomeAck, event)
+		w.ack(ctx, m)
+	case fault.IsInvalid(herr):
+		span.SetStatus(codes.Error, herr.Error())
+		w.deadLetter(ctx, m, d, herr.Error())
+	case int(d.Delivered) >= w.spec.MaxDeliver:
+		span.SetStatus(codes.Error, herr.Error())
+		w.deadLetter(ctx, m, d, fmt.Sprintf("max deliveries (%d) reached; last error: %v", w.spec.MaxDeliver, herr))
+	default:
+		span.RecordError(herr)
+		delay := w.opts.RetryDelay(d.Delivered)
+		w.c.log.WarnContext(ctx, "handler failed; redelivering", "consumer", w.spec.Durable, "event", event,
+			"msg_id", d.MsgID, "delivered", d.Delivered, "in", delay, "err", herr)
+		w.count(ctx, outcomeRetry, event)
+		if err := m.NakWithDelay(delay); err != nil {
+			w.c.log.ErrorContext(ctx, "nak failed; the server redelivers after ack wait", "consumer", w.spec.Durable, "err", err)
+		}
+	}
+}
+
+func (w *worker) ack(ctx context.Context, m jetstream.Msg) {
+	// DoubleAck waits for the server's confirmation, so a crash right after
+	// cannot leave the message both handled and due for redelivery unseen.
+	if err := m.DoubleAck(ctx); err != nil {
+		w.c.log.ErrorContext(ctx, "ack failed; the message will be redelivered", "consumer", w.spec.Durable, "err", err)
+	}
+}
+
+// deadLetter copies the message to dlq.<stream>.<consumer> with the reason,
+// then terminates it. When the copy cannot be stored the message is naked
+// instead, so nothing is lost.
+func (w *worker) deadLetter(ctx context.Context, m jetstream.Msg, d Delivery, reason string) {
+	md, _ := m.Metadata()
+	stream := w.spec.Stream
+	if md != nil {
+		stream = md.Stream
+	}
+	dlqSubject, err := subject.Format(subject.DeadLetter, stream, w.spec.Durable)
+	if err != nil {
+		w.c.log.ErrorContext(ctx, "dead-letter subject", "err", err)
+		_ = m.NakWithDelay(w.opts.RetryDelay(d.Delivered))
+		return
+	}
+	cp := nats.NewMsg(dlqSubject)
+	cp.Data = d.Data
+	for k, vs := range d.Header {
+		for _, v := range vs {
+			cp.Header.Add(k, v)
+		}
+	}
+	cp.Header.Set(HeaderMsgID, fmt.Sprintf("dlq:%s:%s:%d", stream, w.spec.Durable, d.StreamSeq))
+	cp.Header.Set(HeaderDLQReason, reason)
+	cp.Header.Set(HeaderDLQSubject, d.Subject)
+	cp.Header.Set(HeaderDLQStream, stream)
+	cp.Header.Set(HeaderDLQStreamSeq, strconv.FormatUint(d.StreamSeq, 10))
+	cp.Header.Set(HeaderDLQConsumer, w.spec.Durable)
+	cp.Header.Set(HeaderDLQDeliveries, strconv.FormatUint(d.Delivered, 10))
+	if _, err := w.c.PublishMsg(ctx, cp); err != nil {
+		w.c.log.ErrorContext(ctx, "dead-letter copy failed; redelivering instead", "consumer", w.spec.Durable, "msg_id", d.MsgID, "err", err)
+		_ = m.NakWithDelay(w.opts.RetryDelay(d.Delivered))
+		return
+	}
+	w.c.log.WarnContext(ctx, "message dead-lettered", "consumer", w.spec.Durable, "event", d.Event,
+		"msg_id", d.MsgID, "subject", d.Subject, "reason", reason)
+	w.count(ctx, outcomeDeadLetter, d.Event)
+	if err := m.TermWithReason(truncate(reason, 256)); err != nil {
+		w.c.log.ErrorContext(ctx, "term failed", "consumer", w.spec.Durable, "err", err)
+	}
+}
+
+func (w *worker) count(ctx context.Context, outcome, event string) {
+	w.c.metrics.consumed.Add(ctx, 1, metric.WithAttributes(
+		attrConsumer.String(w.spec.Durable), attrOutcome.String(outcome), attrEvent.String(event)))
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

@@ -1,0 +1,152 @@
+// Package subject names every NATS subject Shizu publishes or consumes.
+//
+// Each event has a subscribe form (wildcards, for consumers and permissions)
+// and a publish form (a format string taking the routing key) side by side.
+// Routing keys (tenant, node, pool) become subject tokens, so they are checked
+// with Token before use: a tenant named "a.b" or "*" must never widen a
+// subscription or escape a permission.
+package subject
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Rental lifecycle: rental.<tenant>.<event>.
+const (
+	RentalAll                = "rental.>"
+	RentalRequestedAll       = "rental.*.requested"
+	RentalRequested          = "rental.%s.requested"
+	RentalScheduledAll       = "rental.*.scheduled"
+	RentalScheduled          = "rental.%s.scheduled"
+	RentalPendingAll         = "rental.*.pending"
+	RentalPending            = "rental.%s.pending"
+	RentalRejectedAll        = "rental.*.rejected"
+	RentalRejected           = "rental.%s.rejected"
+	RentalStartedAll         = "rental.*.started"
+	RentalStarted            = "rental.%s.started"
+	RentalStoppedAll         = "rental.*.stopped"
+	RentalStopped            = "rental.%s.stopped"
+	RentalPreemptedAll       = "rental.*.preempted"
+	RentalPreempted          = "rental.%s.preempted"
+	RentalMigratingAll       = "rental.*.migrating"
+	RentalMigrating          = "rental.%s.migrating"
+	RentalMigratedAll        = "rental.*.migrated"
+	RentalMigrated           = "rental.%s.migrated"
+	RentalCancelRequestedAll = "rental.*.cancel_requested"
+	RentalCancelRequested    = "rental.%s.cancel_requested"
+)
+
+// Node lifecycle: node.<node>.<event>. Telemetry lives in its own stream
+// (high volume, short retention), the rest in NODES.
+const (
+	NodeRegisteredAll   = "node.*.registered"
+	NodeRegistered      = "node.%s.registered"
+	NodeTelemetryAll    = "node.*.telemetry"
+	NodeTelemetry       = "node.%s.telemetry"
+	NodeHealthAll       = "node.*.health"
+	NodeHealth          = "node.%s.health"
+	NodeInterruptionAll = "node.*.interruption"
+	NodeInterruption    = "node.%s.interruption"
+	NodeLostAll         = "node.*.lost"
+	NodeLost            = "node.%s.lost"
+	NodeDrainedAll      = "node.*.drained"
+	NodeDrained         = "node.%s.drained"
+)
+
+// Commands to one node's agent: agent.<node>.cmd.<verb>.
+const (
+	AgentCmdAll     = "agent.*.cmd.*"
+	AgentCmdForNode = "agent.%s.cmd.*"
+	AgentCmd        = "agent.%s.cmd.%s"
+)
+
+// Traffic samples and scaling: traffic.<pool>.sample, scale.<pool>.<event>.
+// The fleet itself is the pool named FleetPool.
+const (
+	TrafficSampleAll           = "traffic.*.sample"
+	TrafficSample              = "traffic.%s.sample"
+	ScaleAll                   = "scale.>"
+	ScaleDecidedAll            = "scale.*.decided"
+	ScaleDecided               = "scale.%s.decided"
+	ScaleProvisionRequestedAll = "scale.*.provision_requested"
+	ScaleProvisionRequested    = "scale.%s.provision_requested"
+	ScaleReleaseRequestedAll   = "scale.*.release_requested"
+	ScaleReleaseRequested      = "scale.%s.release_requested"
+	CapacityShortage           = "scale." + FleetPool + ".shortage"
+	FleetPool                  = "fleet"
+)
+
+// Money: usage.<tenant>.recorded, invoice.<tenant>.closed, and the spot
+// market feed spot.<zone>.<model>.price.
+const (
+	UsageAll            = "usage.>"
+	UsageRecordedAll    = "usage.*.recorded"
+	UsageRecorded       = "usage.%s.recorded"
+	InvoiceAll          = "invoice.>"
+	InvoiceClosedAll    = "invoice.*.closed"
+	InvoiceClosed       = "invoice.%s.closed"
+	SpotPriceChangedAll = "spot.*.*.price"
+	SpotPriceChanged    = "spot.%s.%s.price"
+)
+
+// Dead letters: dlq.<stream>.<consumer>.
+const (
+	DeadLetterAll = "dlq.>"
+	DeadLetter    = "dlq.%s.%s"
+)
+
+// Token checks that s can stand as one subject token: non-empty, at most 128
+// bytes, printable ASCII without '.', '*', '>' or whitespace.
+func Token(s string) error {
+	if s == "" {
+		return fmt.Errorf("empty subject token")
+	}
+	if len(s) > 128 {
+		return fmt.Errorf("subject token %.20q... is %d bytes, the limit is 128", s, len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || c == '.' || c == '*' || c == '>' {
+			return fmt.Errorf("subject token %q contains %q; use letters, digits, '-' or '_'", s, string(c))
+		}
+	}
+	return nil
+}
+
+// Format fills a publish form with routing keys, checking each one.
+func Format(form string, keys ...string) (string, error) {
+	for _, k := range keys {
+		if err := Token(k); err != nil {
+			return "", err
+		}
+	}
+	args := make([]any, len(keys))
+	for i, k := range keys {
+		args[i] = k
+	}
+	s := fmt.Sprintf(form, args...)
+	if strings.Contains(s, "%!") {
+		return "", fmt.Errorf("subject form %q does not take %d keys", form, len(keys))
+	}
+	return s, nil
+}
+
+// Matches reports whether subject matches pattern, with NATS wildcard rules:
+// '*' matches one token, a trailing '>' matches one or more.
+func Matches(pattern, subject string) bool {
+	p := strings.Split(pattern, ".")
+	s := strings.Split(subject, ".")
+	for i, tok := range p {
+		if tok == ">" {
+			return i == len(p)-1 && len(s) > i
+		}
+		if i >= len(s) {
+			return false
+		}
+		if tok != "*" && tok != s[i] {
+			return false
+		}
+	}
+	return len(p) == len(s)
+}

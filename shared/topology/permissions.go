@@ -1,0 +1,111 @@
+package topology
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/shizu-gpu/shizu/shared/subject"
+)
+
+// Permissions are the subjects a NATS user may publish to and subscribe to.
+type Permissions struct {
+	Publish   []string
+	Subscribe []string
+}
+
+// Permissions derives the least privilege s needs: its event subjects, the
+// JetStream API calls for its own consumers (create, info, next, ack), the
+// dead-letter subjects of those consumers, and heartbeat access. Replies
+// arrive on _INBOX.
+func (s Service) Permissions() Permissions {
+	pub := slices.Clone(s.Publishes)
+	pub = append(pub, "$JS.API.INFO")
+	streams := map[string]bool{}
+	durables := make([]StreamConsumer, 0, len(s.Consumers)+len(s.ConsumerPrefixes))
+	for _, c := range s.Consumers {
+		durables = append(durables, StreamConsumer{c.Stream, c.Durable})
+	}
+	durables = append(durables, s.ConsumerPrefixes...)
+	for _, d := range durables {
+		streams[d.Stream] = true
+		pub = append(pub,
+			fmt.Sprintf("$JS.API.CONSUMER.CREATE.%s.%s", d.Stream, d.Durable),
+			fmt.Sprintf("$JS.API.CONSUMER.CREATE.%s.%s.>", d.Stream, d.Durable),
+			fmt.Sprintf("$JS.API.CONSUMER.DURABLE.CREATE.%s.%s", d.Stream, d.Durable),
+			fmt.Sprintf("$JS.API.CONSUMER.INFO.%s.%s", d.Stream, d.Durable),
+			fmt.Sprintf("$JS.API.CONSUMER.MSG.NEXT.%s.%s", d.Stream, d.Durable),
+			fmt.Sprintf("$JS.ACK.%s.%s.>", d.Stream, d.Durable),
+			fmt.Sprintf(subject.DeadLetter, d.Stream, d.Durable))
+	}
+	for st := range streams {
+		pub = append(pub, "$JS.API.STREAM.INFO."+st)
+	}
+	kvStream := "KV_" + HeartbeatBucket
+	switch s.Heartbeats {
+	case WritesHeartbeats:
+		pub = append(pub, "$KV."+HeartbeatBucket+".>", "$JS.API.STREAM.INFO."+kvStream,
+			"$JS.API.DIRECT.GET."+kvStream+".>")
+	case WatchesHeartbeats:
+		pub = append(pub, "$JS.API.STREAM.INFO."+kvStream, "$JS.API.DIRECT.GET."+kvStream+".>",
+			"$JS.API.CONSUMER.CREATE."+kvStream+".>", "$JS.API.CONSUMER.DELETE."+kvStream+".>",
+			"$JS.API.CONSUMER.INFO."+kvStream+".>", "$JS.FC."+kvStream+".>")
+	}
+	slices.Sort(pub)
+	return Permissions{Publish: slices.Compact(pub), Subscribe: []string{"_INBOX.>"}}
+}
+
+// AdminPermissions allow everything.
+func AdminPermissions() Permissions {
+	return Permissions{Publish: []string{">"}, Subscribe: []string{">"}}
+}
+
+// User is one NATS user of the platform.
+type User struct {
+	Name        string
+	Permissions Permissions
+}
+
+// Users returns the admin user and one user per service, in a stable order.
+func Users() []User {
+	users := []User{{Name: Admin, Permissions: AdminPermissions()}}
+	for _, s := range Services() {
+		users = append(users, User{Name: s.Name, Permissions: s.Permissions()})
+	}
+	return users
+}
+
+// PasswordVar is the environment variable holding a user's password in
+// deploy/nats/users.conf, e.g. SHIZU_NODE_AGENT_NATS_PASSWORD.
+func PasswordVar(user string) string {
+	return "SHIZU_" + strings.ToUpper(strings.ReplaceAll(user, "-", "_")) + "_NATS_PASSWORD"
+}
+
+// UsersConf renders the users block of a nats-server configuration, with
+// passwords taken from environment variables (PasswordVar) at server start.
+func UsersConf() string {
+	var b strings.Builder
+	b.WriteString("# Generated from shared/topology; do not edit. Regenerate with:\n")
+	b.WriteString("#   go test ./shared/topology -run TestUsersConfIsCurrent -update\n")
+	b.WriteString("# Passwords come from the environment of nats-server (one variable per user).\n")
+	b.WriteString("authorization {\n  users: [\n")
+	for _, u := range Users() {
+		fmt.Fprintf(&b, "    {\n      user: %q\n      password: $%s\n      permissions: {\n", u.Name, PasswordVar(u.Name))
+		writeList(&b, "publish", u.Permissions.Publish)
+		writeList(&b, "subscribe", u.Permissions.Subscribe)
+		b.WriteString("      }\n    }\n")
+	}
+	b.WriteString("  ]\n}\n")
+	return b.String()
+}
+
+func writeList(b *strings.Builder, key string, subjects []string) {
+	fmt.Fprintf(b, "        %s: { allow: [", key)
+	for i, s := range subjects {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(b, "%q", s)
+	}
+	b.WriteString("] }\n")
+}

@@ -1,0 +1,179 @@
+// Package topology declares Shizu's JetStream layout in one place: the
+// streams, each service's durable consumers, the heartbeat bucket, and the
+// NATS permissions of every service user, derived from what that service
+// publishes and consumes. Provisioning (bus.EnsureStreams), the embedded
+// server of `shizu dev` and deploy/nats/users.conf all read it from here.
+package topology
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/subject"
+)
+
+// Stream names.
+const (
+	StreamRentals    = "RENTALS"
+	StreamNodes      = "NODES"
+	StreamTelemetry  = "TELEMETRY"
+	StreamAgentCmds  = "AGENT_CMDS"
+	StreamTraffic    = "TRAFFIC"
+	StreamScaling    = "SCALING"
+	StreamBilling    = "BILLING"
+	StreamMarket     = "MARKET"
+	StreamDeadLetter = "DEADLETTER"
+	// HeartbeatBucket is the KV bucket of node heartbeats (stream KV_HEARTBEATS).
+	HeartbeatBucket = "HEARTBEATS"
+)
+
+// DuplicateWindow is how long a stream remembers event ids. Producers that
+// retry for longer must re-derive the same id and rely on consumer
+// idempotency as well.
+const DuplicateWindow = 10 * time.Minute
+
+// Streams returns every stream with the given replica count (1 on a single
+// server, 3 on a cluster). Records of what happened (rentals, billing,
+// scaling decisions, dead letters) are kept; high-volume or short-lived
+// feeds age out.
+func Streams(replicas int) []bus.Stream {
+	day := 24 * time.Hour
+	return []bus.Stream{
+		{Name: StreamRentals, Description: "rental lifecycle: the system of record of every rental",
+			Subjects: []string{subject.RentalAll}, Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamNodes, Description: "node lifecycle and health",
+			Subjects: []string{subject.NodeRegisteredAll, subject.NodeHealthAll, subject.NodeInterruptionAll,
+				subject.NodeLostAll, subject.NodeDrainedAll},
+			Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamTelemetry, Description: "per-GPU telemetry samples (high volume, short retention)",
+			Subjects: []string{subject.NodeTelemetryAll}, MaxAge: 6 * time.Hour, Duplicates: time.Minute, Replicas: replicas},
+		{Name: StreamAgentCmds, Description: "commands to node agents (start, stop, drain)",
+			Subjects: []string{subject.AgentCmdAll}, MaxAge: 7 * day, Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamTraffic, Description: "traffic samples of autoscaled pools",
+			Subjects: []string{subject.TrafficSampleAll}, MaxAge: day, Duplicates: time.Minute, Replicas: replicas},
+		{Name: StreamScaling, Description: "scaling decisions, capacity shortages, provision and release requests",
+			Subjects: []string{subject.ScaleAll}, Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamBilling, Description: "usage records and invoices: never expire",
+			Subjects: []string{subject.UsageAll, subject.InvoiceAll}, Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamMarket, Description: "spot price changes",
+			Subjects: []string{subject.SpotPriceChangedAll}, Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamDeadLetter, Description: "messages a consumer could not process, with the reason in headers",
+			Subjects: []string{subject.DeadLetterAll}, Duplicates: DuplicateWindow, Replicas: replicas},
+	}
+}
+
+// Heartbeats declares the node heartbeat bucket (default TTL 3 s).
+func Heartbeats(replicas int, ttl time.Duration) bus.HeartbeatBucket {
+	return bus.HeartbeatBucket{Name: HeartbeatBucket, TTL: ttl, Replicas: replicas}
+}
+
+// Heartbeat access levels.
+type HeartbeatAccess int
+
+const (
+	NoHeartbeats HeartbeatAccess = iota
+	// WritesHeartbeats may beat and read keys (node agents).
+	WritesHeartbeats
+	// WatchesHeartbeats may read and watch keys (failover).
+	WatchesHeartbeats
+)
+
+// Service is what one service user may do on the bus.
+type Service struct {
+	Name string
+	// Publishes lists subscribe-form subjects the service emits.
+	Publishes []string
+	// Consumers are the durables it pulls from.
+	Consumers []bus.Consumer
+	// ConsumerPrefixes are durable name prefixes it may create per instance
+	// (e.g. one agent-<node> durable per node) on a stream.
+	ConsumerPrefixes []StreamConsumer
+	Heartbeats       HeartbeatAccess
+}
+
+// StreamConsumer names a stream and a durable (or a wildcard '*' durable).
+type StreamConsumer struct{ Stream, Durable string }
+
+// Service names; each is also its NATS user name.
+const (
+	Scheduler  = "scheduler"
+	Metering   = "metering"
+	Autoscaler = "autoscaler"
+	Failover   = "failover"
+	NodeAgent  = "node-agent"
+	// Admin provisions streams and acts for tenants and operators in the
+	// CLI; it may do anything.
+	Admin = "admin"
+)
+
+// AgentCommands is the durable consumer of one node's command queue.
+func AgentCommands(node string) (bus.Consumer, error) {
+	filter, err := subject.Format(subject.AgentCmdForNode, node)
+	if err != nil {
+		return bus.Consumer{}, fmt.Errorf("agent commands: %w", err)
+	}
+	return bus.Consumer{Stream: StreamAgentCmds, Durable: "agent-" + node, FilterSubjects: []string{filter},
+		AckWait: 30 * time.Second, MaxDeliver: 10}, nil
+}
+
+// Services returns the declared services.
+func Services() []Service {
+	return []Service{
+		{
+			Name: Scheduler,
+			Publishes: []string{subject.RentalScheduledAll, subject.RentalPendingAll, subject.RentalRejectedAll,
+				subject.RentalPreemptedAll, subject.CapacityShortage, subject.AgentCmdAll},
+			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: "scheduler",
+				FilterSubjects: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll,
+					subject.RentalStoppedAll, subject.RentalMigratingAll}}},
+		},
+		{
+			Name:      Metering,
+			Publishes: []string{subject.UsageRecordedAll, subject.InvoiceClosedAll},
+			Consumers: []bus.Consumer{
+				{Stream: StreamRentals, Durable: "metering",
+					FilterSubjects: []string{subject.RentalStartedAll, subject.RentalStoppedAll, subject.RentalPreemptedAll,
+						subject.RentalMigratingAll, subject.RentalMigratedAll}},
+				{Stream: StreamMarket, Durable: "metering-spot", FilterSubjects: []string{subject.SpotPriceChangedAll}},
+			},
+		},
+		{
+			Name: Autoscaler,
+			Publishes: []string{subject.ScaleDecidedAll, subject.ScaleProvisionRequestedAll,
+				subject.ScaleReleaseRequestedAll, subject.AgentCmdAll},
+			Consumers: []bus.Consumer{
+				{Stream: StreamTraffic, Durable: "autoscaler-traffic", FilterSubjects: []string{subject.TrafficSampleAll}},
+				{Stream: StreamScaling, Durable: "autoscaler-shortage", FilterSubjects: []string{subject.CapacityShortage}},
+				{Stream: StreamTelemetry, Durable: "autoscaler-telemetry", FilterSubjects: []string{subject.NodeTelemetryAll}, NewOnly: true},
+			},
+		},
+		{
+			Name:      Failover,
+			Publishes: []string{subject.NodeLostAll, subject.RentalMigratingAll, subject.RentalMigratedAll, subject.AgentCmdAll},
+			Consumers: []bus.Consumer{
+				{Stream: StreamNodes, Durable: "failover",
+					FilterSubjects: []string{subject.NodeHealthAll, subject.NodeInterruptionAll, subject.NodeDrainedAll, subject.NodeRegisteredAll}},
+				{Stream: StreamRentals, Durable: "failover-rentals", FilterSubjects: []string{subject.RentalStartedAll}},
+			},
+			Heartbeats: WatchesHeartbeats,
+		},
+		{
+			Name: NodeAgent,
+			Publishes: []string{subject.NodeRegisteredAll, subject.NodeTelemetryAll, subject.NodeHealthAll,
+				subject.NodeInterruptionAll, subject.NodeDrainedAll, subject.RentalStartedAll, subject.RentalStoppedAll},
+			ConsumerPrefixes: []StreamConsumer{{Stream: StreamAgentCmds, Durable: "*"}},
+			Heartbeats:       WritesHeartbeats,
+		},
+	}
+}
+
+// ServiceNamed returns the declared service called name.
+func ServiceNamed(name string) (Service, bool) {
+	for _, s := range Services() {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Service{}, false
+}
