@@ -60,7 +60,9 @@ func connect(t *testing.T, cfg bus.Config, inst bus.Instruments) *bus.Conn {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = c.Close(ctx)
+		st := time.Now()
+		err := c.Close(ctx)
+		t.Logf("close took %s: %v", time.Since(st), err)
 	})
 	return c
 }
@@ -74,7 +76,9 @@ func consume(t *testing.T, c *bus.Conn, spec bus.Consumer, r *bus.Router, opts b
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = sub.Drain(ctx)
+		st := time.Now()
+		err := sub.Drain(ctx)
+		t.Logf("drain took %s: %v", time.Since(st), err)
 	})
 	return sub
 }

@@ -189,7 +189,9 @@ func Connect(ctx context.Context, cfg Config, inst Instruments) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats at %s as %q: %w", cfg.URL, cfg.User, err)
 	}
-	js, err := jetstream.New(nc)
+	// An async publish the server never answers (refused by permissions,
+	// lost in a reconnect) fails after this long instead of pending forever.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("jetstream: %w", err)

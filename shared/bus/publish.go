@@ -118,24 +118,41 @@ func (c *Conn) PublishMsg(ctx context.Context, msg *nats.Msg) (Ack, error) {
 	return ack, nil
 }
 
-// publishOnce sends msg asynchronously and waits for the first of: the
-// stream's ack, an error, a permission violation on the subject, or ctx.
+// publishOnce sends msg and waits for the first of: the stream's ack, an
+// error, a permission violation on the subject, or ctx. A refused publish
+// gets no reply at all, so the violation the server reports out of band
+// ends the wait.
 func (c *Conn) publishOnce(ctx context.Context, msg *nats.Msg, denied <-chan error) (Ack, error) {
-	fut, err := c.js.PublishMsgAsync(msg)
-	if err != nil {
-		return Ack{}, err
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		pa  *jetstream.PubAck
+		err error
 	}
-	return c.await(ctx, fut, denied)
+	done := make(chan result, 1)
+	go func() {
+		pa, err := c.js.PublishMsg(ctx, msg)
+		done <- result{pa, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return Ack{}, r.err
+		}
+		return Ack{Stream: r.pa.Stream, Sequence: r.pa.Sequence, Duplicate: r.pa.Duplicate}, nil
+	case err := <-denied:
+		cancel()
+		<-done
+		return Ack{}, fmt.Errorf("%w: %v", ErrPermissionDenied, err)
+	}
 }
 
-func (c *Conn) await(ctx context.Context, fut jetstream.PubAckFuture, denied <-chan error) (Ack, error) {
+func (c *Conn) await(ctx context.Context, fut jetstream.PubAckFuture) (Ack, error) {
 	select {
 	case pa := <-fut.Ok():
 		return Ack{Stream: pa.Stream, Sequence: pa.Sequence, Duplicate: pa.Duplicate}, nil
 	case err := <-fut.Err():
 		return Ack{}, err
-	case err := <-denied:
-		return Ack{}, fmt.Errorf("%w: %v", ErrPermissionDenied, err)
 	case <-ctx.Done():
 		return Ack{}, ctx.Err()
 	}
@@ -231,7 +248,7 @@ func (b *Batch) Wait(ctx context.Context) ([]Ack, error) {
 		var ack Ack
 		err := errors.New("not sent")
 		if p.fut != nil {
-			ack, err = b.c.await(ctx, p.fut, nil)
+			ack, err = b.c.await(ctx, p.fut)
 		}
 		if err != nil && ctx.Err() == nil {
 			// Resend through the synchronous path: same id, so a publish
