@@ -60,9 +60,9 @@ func connect(t *testing.T, cfg bus.Config, inst bus.Instruments) *bus.Conn {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		st := time.Now()
-		err := c.Close(ctx)
-		t.Logf("close took %s: %v", time.Since(st), err)
+		if err := c.Close(ctx); err != nil {
+			t.Errorf("close: %v", err)
+		}
 	})
 	return c
 }
@@ -76,9 +76,9 @@ func consume(t *testing.T, c *bus.Conn, spec bus.Consumer, r *bus.Router, opts b
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		st := time.Now()
-		err := sub.Drain(ctx)
-		t.Logf("drain took %s: %v", time.Since(st), err)
+		if err := sub.Drain(ctx); err != nil {
+			t.Errorf("drain: %v", err)
+		}
 	})
 	return sub
 }
@@ -500,3 +500,6 @@ func TestTopologyProvisionsR3StreamsOnACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// testNATS starts a server for benchmarks and tests alike.
+func testNATS(tb testing.TB) *testkit.NATS { return testkit.StartNATS(tb) }

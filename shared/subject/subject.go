@@ -10,6 +10,8 @@ package subject
 import (
 	"fmt"
 	"strings"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 )
 
 // Rental lifecycle: rental.<tenant>.<event>.
@@ -96,20 +98,13 @@ const (
 	DeadLetter    = "dlq.%s.%s"
 )
 
-// Token checks that s can stand as one subject token: non-empty, at most 128
-// bytes, printable ASCII without '.', '*', '>' or whitespace.
+// Token checks that s can stand as one subject token: non-empty, at most
+// 128 bytes, printable ASCII without '.', '*', '>' or whitespace. The rule
+// is the event contract's (shizuv1.ValidToken), so an id that validates in
+// an event always fits its subject.
 func Token(s string) error {
-	if s == "" {
-		return fmt.Errorf("empty subject token")
-	}
-	if len(s) > 128 {
-		return fmt.Errorf("subject token %.20q... is %d bytes, the limit is 128", s, len(s))
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || c == '.' || c == '*' || c == '>' {
-			return fmt.Errorf("subject token %q contains %q; use letters, digits, '-' or '_'", s, string(c))
-		}
+	if err := shizuv1.ValidToken(s); err != nil {
+		return fmt.Errorf("subject token: %w", err)
 	}
 	return nil
 }

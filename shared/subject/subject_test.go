@@ -1,0 +1,43 @@
+package subject_test
+
+import (
+	"testing"
+
+	"github.com/shizu-gpu/shizu/shared/subject"
+)
+
+func TestFormatRefusesKeysThatWouldWidenASubject(t *testing.T) {
+	t.Parallel()
+	for _, key := range []string{"", "a.b", "*", ">", "te nant", "tab\t"} {
+		if s, err := subject.Format(subject.RentalRequested, key); err == nil {
+			t.Errorf("key %q gave subject %q; want an error", key, s)
+		}
+	}
+	s, err := subject.Format(subject.SpotPriceChanged, "eu-west-1a", "H100-SXM5-80GB")
+	if err != nil || s != "spot.eu-west-1a.H100-SXM5-80GB.price" {
+		t.Fatalf("got %q, %v", s, err)
+	}
+	if _, err := subject.Format(subject.RentalRequested, "a", "b"); err == nil {
+		t.Fatal("too many keys accepted")
+	}
+}
+
+func TestMatchesFollowsNATSWildcards(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		pattern, subject string
+		want             bool
+	}{
+		{"rental.*.requested", "rental.acme.requested", true},
+		{"rental.*.requested", "rental.acme.started", false},
+		{"rental.>", "rental.acme.requested", true},
+		{"rental.>", "rental", false},
+		{"rental.*", "rental.acme.requested", false},
+		{"spot.*.*.price", "spot.z.m.price", true},
+	}
+	for _, c := range cases {
+		if got := subject.Matches(c.pattern, c.subject); got != c.want {
+			t.Errorf("Matches(%q, %q) = %v, want %v", c.pattern, c.subject, got, c.want)
+		}
+	}
+}

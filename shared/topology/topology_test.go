@@ -1,0 +1,110 @@
+package topology_test
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shizu-gpu/shizu/shared/subject"
+	"github.com/shizu-gpu/shizu/shared/topology"
+)
+
+var update = flag.Bool("update", false, "rewrite deploy/nats/users.conf from the topology")
+
+func TestUsersConfIsCurrent(t *testing.T) {
+	path := filepath.Join("..", "..", "deploy", "nats", "users.conf")
+	want := topology.UsersConf()
+	if *update {
+		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v: run go test ./shared/topology -run TestUsersConfIsCurrent -update", err)
+	}
+	if string(got) != want {
+		t.Fatalf("%s is stale: run go test ./shared/topology -run TestUsersConfIsCurrent -update", path)
+	}
+}
+
+func TestEverySubjectHasExactlyOneStream(t *testing.T) {
+	t.Parallel()
+	streams := topology.Streams(1)
+	owner := func(subj string) []string {
+		var names []string
+		for _, s := range streams {
+			for _, pat := range s.Subjects {
+				if subject.Matches(pat, subj) {
+					names = append(names, s.Name)
+				}
+			}
+		}
+		return names
+	}
+	samples := []string{
+		"rental.t.requested", "rental.t.cancel_requested", "node.n.registered", "node.n.telemetry",
+		"node.n.health", "node.n.lost", "agent.n.cmd.start", "traffic.p.sample", "scale.p.decided",
+		"scale.fleet.shortage", "usage.t.recorded", "invoice.t.closed", "spot.z.m.price", "dlq.RENTALS.scheduler",
+	}
+	for _, s := range samples {
+		if got := owner(s); len(got) != 1 {
+			t.Errorf("subject %s is stored by %v; want exactly one stream", s, got)
+		}
+	}
+	for _, svc := range topology.Services() {
+		for _, pub := range svc.Publishes {
+			concrete := strings.ReplaceAll(pub, "*", "x")
+			if got := owner(concrete); len(got) != 1 {
+				t.Errorf("%s publishes %s, stored by %v; want exactly one stream", svc.Name, pub, got)
+			}
+		}
+		for _, c := range svc.Consumers {
+			if err := c.Validate(); err != nil {
+				t.Errorf("%s: %v", svc.Name, err)
+			}
+		}
+	}
+	for _, s := range streams {
+		if err := s.Validate(); err != nil {
+			t.Errorf("stream %s: %v", s.Name, err)
+		}
+	}
+}
+
+func TestServicePermissionsAreLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	sched, ok := topology.ServiceNamed(topology.Scheduler)
+	if !ok {
+		t.Fatal("no scheduler")
+	}
+	p := sched.Permissions()
+	allowed := func(subj string) bool {
+		for _, pat := range p.Publish {
+			if subject.Matches(pat, subj) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, subj := range []string{"rental.acme.scheduled", "$JS.API.CONSUMER.MSG.NEXT.RENTALS.scheduler",
+		"$JS.ACK.RENTALS.scheduler.1.2.3.4.5.6", "dlq.RENTALS.scheduler", "scale.fleet.shortage"} {
+		if !allowed(subj) {
+			t.Errorf("scheduler may not publish %s", subj)
+		}
+	}
+	for _, subj := range []string{"usage.acme.recorded", "rental.acme.started", "$JS.API.STREAM.CREATE.RENTALS",
+		"$JS.API.CONSUMER.MSG.NEXT.RENTALS.metering", "$KV.HEARTBEATS.node.n1", "dlq.RENTALS.metering"} {
+		if allowed(subj) {
+			t.Errorf("scheduler may publish %s; it should not", subj)
+		}
+	}
+	if _, err := topology.AgentCommands("a.b"); err == nil {
+		t.Error("agent command consumer accepted a node id with a dot")
+	}
+	if got := topology.PasswordVar("node-agent"); got != "SHIZU_NODE_AGENT_NATS_PASSWORD" {
+		t.Errorf("PasswordVar = %s", got)
+	}
+}
