@@ -49,8 +49,8 @@ func (c Config) Validate() error {
 	if c.URL == "" {
 		errs = append(errs, errors.New("nats.url: required"))
 	}
-	if (c.User == "") != (c.Password == "") {
-		errs = append(errs, errors.New("nats.user/nats.password: set both or neither"))
+	if c.User == "" && c.Password != "" {
+		errs = append(errs, errors.New("nats.password: set without nats.user"))
 	}
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		errs = append(errs, errors.New("nats.cert/nats.key: set both or neither"))

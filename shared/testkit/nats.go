@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shizu-gpu/shizu/shared/embednats"
 )
 
 // NATS is a running in-process nats-server with JetStream enabled.
@@ -45,14 +47,9 @@ func StartNATS(t testing.TB, mutate ...func(*server.Options)) *NATS {
 
 func runServer(t testing.TB, opts *server.Options) *server.Server {
 	t.Helper()
-	ns, err := server.NewServer(opts)
+	ns, err := embednats.Start(opts, 10*time.Second)
 	if err != nil {
-		t.Fatalf("testkit: configure nats-server: %v", err)
-	}
-	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		ns.Shutdown()
-		t.Fatalf("testkit: nats-server %q not ready within 10s", opts.ServerName)
+		t.Fatalf("testkit: %v", err)
 	}
 	t.Cleanup(func() {
 		ns.Shutdown()

@@ -1,0 +1,55 @@
+// Command shizu is Shizu's command line: `shizu dev` runs the whole
+// platform on this machine, `shizu provision` creates the JetStream streams
+// of a deployed platform.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `shizu: the Shizu GPU rental control plane
+
+Usage:
+  shizu dev [flags]        run NATS, Redis and all five services on this machine
+  shizu provision [flags]  create or update the JetStream streams (as the admin user)
+  shizu version            print the version
+
+Run "shizu <command> -h" for a command's flags and examples.
+`
+
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run dispatches a command line and returns the exit code: 0 ok, 1 the
+// command failed, 2 the command line is wrong.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "dev":
+		return devCommand(ctx, args[1:], stdout, stderr)
+	case "provision":
+		return provisionCommand(ctx, args[1:], stdout, stderr)
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, "shizu", version)
+		return 0
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "shizu: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+}
