@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/redis/go-redis/v9"
 
@@ -90,6 +91,7 @@ type devStack struct {
 	redisCmd   *exec.Cmd
 	redisExit  chan error
 	redisURL   string
+	mini       *miniredis.Miniredis
 	cleanupDir string
 	logFile    *os.File
 }
@@ -103,6 +105,9 @@ func (s *devStack) close() {
 			_ = s.redisCmd.Process.Kill()
 			<-s.redisExit
 		}
+	}
+	if s.mini != nil {
+		s.mini.Close()
 	}
 	if s.nats != nil {
 		s.nats.Shutdown()
@@ -279,15 +284,24 @@ func pickPort(preferred int, what string) (int, string) {
 }
 
 func (s *devStack) startRedis(port int, dir string, notes *[]string) error {
+	port, note := pickPort(port, "Redis")
+	*notes = append(*notes, note)
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		return errors.New("redis-server not found on PATH: install it (apt-get install -y redis-server) or pass -redis-url")
+		// A fresh machine may lack redis-server: serve the same protocol
+		// in process, and say what that costs.
+		s.mini = miniredis.NewMiniRedis()
+		if err := s.mini.StartAddr(net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err != nil {
+			return fmt.Errorf("embedded redis: %w", err)
+		}
+		s.redisURL = fmt.Sprintf("redis://%s/0", s.mini.Addr())
+		*notes = append(*notes, "WARNING: redis-server is not installed, so Redis is embedded (miniredis): "+
+			"in memory only, slower, key TTLs do not expire; install it with apt-get install -y redis-server")
+		return nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	port, note := pickPort(port, "Redis")
-	*notes = append(*notes, note)
 	// No persistence: Redis holds the live capacity view, which node agents
 	// rebuild by re-registering; JetStream is the system of record.
 	s.redisCmd = exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port),

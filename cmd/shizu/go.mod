@@ -3,6 +3,7 @@ module github.com/shizu-gpu/shizu/cmd/shizu
 go 1.26.8
 
 require (
+	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/shizu-gpu/shizu/services/autoscaler v0.0.0
@@ -39,6 +40,7 @@ require (
 	github.com/redis/go-redis/extra/rediscmd/v9 v9.23.0 // indirect
 	github.com/redis/go-redis/extra/redisotel/v9 v9.23.0 // indirect
 	github.com/shizu-gpu/shizu/proto v0.0.0 // indirect
+	github.com/yuin/gopher-lua v1.1.1 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp v1.47.0 // indirect
