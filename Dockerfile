@@ -4,9 +4,10 @@
 #
 #   docker build --build-arg SERVICE=scheduler -t shizu/scheduler:dev .
 #
-# SERVICE is one of scheduler, metering, autoscaler, failover, node-agent; the binary
-# is built from ./services/$SERVICE/cmd/$SERVICE in workspace mode (go.work) and
-# installed as /usr/local/bin/$SERVICE. docker-compose.yml passes SERVICE per service.
+# SERVICE is one of scheduler, metering, autoscaler, failover, node-agent (built from
+# ./services/$SERVICE/cmd/$SERVICE) or shizu (the CLI, ./cmd/shizu, used by compose's
+# one-shot `provision` container), in workspace mode (go.work), and installed as
+# /usr/local/bin/$SERVICE. docker-compose.yml passes SERVICE per service.
 # Needs BuildKit (the default builder since Docker 23) for the cache mounts.
 
 ARG GO_IMAGE=golang:1.26-bookworm
@@ -32,17 +33,19 @@ COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     set -eu; \
+    pkg="./services/${SERVICE:-}/cmd/${SERVICE:-}"; \
     case "${SERVICE:-}" in \
       scheduler|metering|autoscaler|failover) \
         export CGO_ENABLED=0 ;; \
       node-agent) \
         export CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" ;; \
+      shizu) \
+        pkg=./cmd/shizu; export CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" ;; \
       *) \
-        echo "SERVICE must be one of scheduler metering autoscaler failover node-agent, got '${SERVICE:-}'" >&2; \
+        echo "SERVICE must be one of scheduler metering autoscaler failover node-agent shizu, got '${SERVICE:-}'" >&2; \
         exit 1 ;; \
     esac; \
-    go build -trimpath -buildvcs=false -ldflags="-s -w" \
-      -o "/out/${SERVICE}" "./services/${SERVICE}/cmd/${SERVICE}"
+    go build -trimpath -buildvcs=false -ldflags="-s -w" -o "/out/${SERVICE}" "$pkg"
 
 FROM ${RUNTIME_IMAGE}
 ARG SERVICE

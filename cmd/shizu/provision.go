@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/shizu-gpu/shizu/shared/bus"
@@ -32,7 +33,12 @@ Flags:
 	fs.StringVar(&cfg.User, "nats-user", envOr("SHIZU_NATS_USER", topology.Admin), "NATS user allowed to create streams [SHIZU_NATS_USER]")
 	fs.StringVar(&cfg.Password, "nats-password", os.Getenv("SHIZU_NATS_PASSWORD"), "password; prefer the environment [SHIZU_NATS_PASSWORD]")
 	fs.StringVar(&cfg.CAFile, "nats-ca", os.Getenv("SHIZU_NATS_CA"), "CA certificate (PEM); enables TLS 1.3 [SHIZU_NATS_CA]")
-	replicas := fs.Int("replicas", 1, "stream replicas: 1 on one server, 3 on a cluster")
+	defReplicas, err := strconv.Atoi(envOr("SHIZU_STREAM_REPLICAS", "1"))
+	if err != nil {
+		fmt.Fprintf(stderr, "shizu provision: SHIZU_STREAM_REPLICAS=%q is not a number\n", os.Getenv("SHIZU_STREAM_REPLICAS"))
+		return 2
+	}
+	replicas := fs.Int("replicas", defReplicas, "stream replicas: 1 on one server, 3 on a cluster [SHIZU_STREAM_REPLICAS]")
 	ttl := fs.Duration("heartbeat-ttl", 3*time.Second, "how long a node's heartbeat key outlives its last beat")
 	if err := fs.Parse(args); err != nil {
 		return 2

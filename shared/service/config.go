@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -36,8 +35,6 @@ type Config struct {
 	LogLevel     string
 	LogFormat    string
 	OTLPEndpoint string
-	// StreamReplicas is 1 on a single NATS server and 3 on a cluster.
-	StreamReplicas int
 	// ShutdownTimeout bounds the graceful drain (default 15 s).
 	ShutdownTimeout time.Duration
 	// LogWriter receives the service's logs (default stderr); not a flag.
@@ -57,7 +54,6 @@ func Defaults(name string) Config {
 		HTTPAddr:        ":9090",
 		LogLevel:        "info",
 		LogFormat:       telemetry.LogFormatJSON,
-		StreamReplicas:  1,
 		ShutdownTimeout: 15 * time.Second,
 	}
 }
@@ -77,7 +73,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.LogLevel = c.env("SHIZU_LOG_LEVEL", c.LogLevel)
 	c.LogFormat = c.env("SHIZU_LOG_FORMAT", c.LogFormat)
 	c.OTLPEndpoint = c.env("OTEL_EXPORTER_OTLP_ENDPOINT", c.OTLPEndpoint)
-	c.StreamReplicas = c.envInt("SHIZU_STREAM_REPLICAS", c.StreamReplicas)
+	c.ShutdownTimeout = c.envDuration("SHIZU_SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
 
 	fs.StringVar(&c.NATS.URL, "nats-url", c.NATS.URL, "NATS server URL(s), comma-separated [SHIZU_NATS_URL]")
 	fs.StringVar(&c.NATS.User, "nats-user", c.NATS.User, "NATS user of this service [SHIZU_NATS_USER]")
@@ -90,8 +86,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error [SHIZU_LOG_LEVEL]")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or text [SHIZU_LOG_FORMAT]")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", c.OTLPEndpoint, "OTLP/HTTP collector, host:port or URL; empty serves Prometheus /metrics instead [OTEL_EXPORTER_OTLP_ENDPOINT]")
-	fs.IntVar(&c.StreamReplicas, "stream-replicas", c.StreamReplicas, "JetStream replicas: 1 on one server, 3 on a cluster [SHIZU_STREAM_REPLICAS]")
-	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "bound on the graceful drain at shutdown")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "bound on the graceful drain at shutdown [SHIZU_SHUTDOWN_TIMEOUT]")
 }
 
 func (c *Config) env(key, def string) string {
@@ -101,17 +96,17 @@ func (c *Config) env(key, def string) string {
 	return def
 }
 
-func (c *Config) envInt(key string, def int) int {
+func (c *Config) envDuration(key string, def time.Duration) time.Duration {
 	v, ok := os.LookupEnv(key)
 	if !ok {
 		return def
 	}
-	n, err := strconv.Atoi(v)
+	d, err := time.ParseDuration(v)
 	if err != nil {
-		c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not an integer", key, v))
+		c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a duration (e.g. 15s)", key, v))
 		return def
 	}
-	return n
+	return d
 }
 
 // Validate reports every problem, each prefixed by its section.
@@ -138,9 +133,6 @@ func (c Config) Validate() error {
 	}
 	if err := c.telemetry().Validate(); err != nil {
 		errs = append(errs, err)
-	}
-	if c.StreamReplicas < 1 || c.StreamReplicas > 5 {
-		errs = append(errs, fmt.Errorf("nats.stream_replicas: %d is out of range 1..5", c.StreamReplicas))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("service.shutdown_timeout: %s must be positive", c.ShutdownTimeout))

@@ -29,6 +29,7 @@ func TestServiceWaitsForProvisioningThenServesReadyAndStopsCleanly(t *testing.T)
 	cfg.RedisURL = "redis://" + r.Addr + "/0"
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.LogFormat = "text"
+	cfg.LogWriter = t.Output()
 	cfg.ShutdownTimeout = 5 * time.Second
 	sched, _ := topology.ServiceNamed(topology.Scheduler)
 
@@ -114,7 +115,7 @@ func TestStartSaysWhichDependencyIsUnreachable(t *testing.T) {
 }
 
 func TestMainReportsEveryConfigurationProblem(t *testing.T) {
-	t.Setenv("SHIZU_STREAM_REPLICAS", "three")
+	t.Setenv("SHIZU_SHUTDOWN_TIMEOUT", "soon")
 	t.Setenv("SHIZU_LOG_LEVEL", "loud")
 	cfg := service.Defaults("scheduler")
 	var stderr bytes.Buffer
@@ -126,7 +127,7 @@ func TestMainReportsEveryConfigurationProblem(t *testing.T) {
 	if code != 2 {
 		t.Fatalf("exit code %d, want 2", code)
 	}
-	for _, want := range []string{"SHIZU_STREAM_REPLICAS", "log.level", "redis.url", "nats.cert/nats.key: set both", "nats.cert: stat /nonexistent/cert.pem"} {
+	for _, want := range []string{"SHIZU_SHUTDOWN_TIMEOUT", "log.level", "redis.url", "nats.cert/nats.key: set both", "nats.cert: stat /nonexistent/cert.pem"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("stderr does not mention %q:\n%s", want, stderr.String())
 		}
