@@ -1,0 +1,90 @@
+// Package capacity is Shizu's live-capacity store: what every GPU node has
+// free right now, kept in Redis and changed only by atomic Lua scripts.
+//
+// The store answers one question fast and correctly: can this placement be
+// committed? Scheduler replicas place optimistically from an in-memory
+// [Snapshot] and commit through [Store.Reserve], a single script that checks
+// the node (exists, ready, epoch unchanged), the host CPU and memory, and
+// every GPU of the placement (free milli-GPU, free VRAM, a free sharer slot)
+// and then writes all of it or nothing. A rejected reserve means "re-score and
+// retry", never a double booking. Reserve and [Store.Release] are idempotent
+// per rental id, so a caller that lost the reply can simply ask again.
+//
+// Redis is the fast, rebuildable view; JetStream is the system of record. If
+// Redis loses its data, node agents re-register and the rentals are replayed.
+//
+// # Capacity units
+//
+// Every quantity is an integer: a GPU has [MilliPerGPU] (1000) milli-GPU,
+// VRAM and host memory are MiB, host CPU is milli-cores. Each GPU also has a
+// number of sharer slots (GPU.MaxSharers, default [DefaultMaxSharers]); each
+// allocation that uses a GPU, whatever its size, takes one slot.
+//
+// # Epochs and fencing
+//
+// A node starts at epoch 1. Only [Store.Fence] moves the epoch (by one, and it
+// marks the node dead), so an epoch is a fencing token: a reserve made with an
+// old epoch fails with [ErrFenced], and an allocation recorded under an old
+// epoch can never be renewed ([Store.Renew]) even after the node agent comes
+// back and re-registers. Fenced allocations stay recorded, and keep holding
+// their capacity, until the failover service releases them, so a failover
+// replica that crashed halfway can read them again with [Store.Allocations].
+//
+// # Key layout
+//
+// With the default prefix "shizu" (see [WithPrefix]) the store uses:
+//
+//	shizu:node:{<node>}          hash    one node: static facts and live state
+//	    spec                       JSON of the node's static facts (Node)
+//	    status, epoch              "ready" | "draining" | "dead"; fencing epoch
+//	    cpu_free, mem_free         host milli-CPU and MiB free
+//	    gpus                       number of GPUs
+//	    g<i>.milli, g<i>.vram      GPU i: free milli-GPU, free VRAM MiB
+//	    g<i>.sharers, g<i>.max     GPU i: allocations on it, sharer limit
+//	    g<i>.mig                   GPU i: "1" if MIG-capable
+//	shizu:node:{<node>}:allocs   hash    rental id -> allocation JSON, for that node
+//	shizu:rentals                hash    rental id -> allocation JSON (the rental -> node index)
+//	shizu:nodes                  set     every registered node id
+//	shizu:version                string  store-wide counter, +1 on every mutation
+//
+// The two per-node keys share the {<node>} hash tag, so they live in one
+// Redis Cluster slot. The allocation JSON is written to the node's allocs hash
+// and to the rentals index by the same script, and removed together, so the
+// two copies never disagree; the node's copy is what capacity is computed
+// from, the index's copy answers "where is rental r?" in one read.
+//
+// Which operations touch which keys (each is one atomic step, except Release
+// and Snapshot, noted below):
+//
+//	Register   node, allocs, nodes, version            (one script)
+//	Reserve    node, allocs, rentals, version          (one script)
+//	Release    rentals (read), then node, allocs,      (one script; re-checks the
+//	           rentals, version                         index inside and retries
+//	                                                    if the rental moved)
+//	Renew      node, allocs                            (one script, writes nothing)
+//	Fence      node, allocs, version                   (one script)
+//	SetStatus  node, version                           (one script)
+//	Remove     node, allocs, nodes, version            (one script)
+//	Node, Allocations  node, allocs                    (one MULTI/EXEC)
+//	Allocation rentals                                 (one HGET)
+//	Version    version                                 (one GET)
+//	Snapshot   version + nodes (one MULTI/EXEC), then node and allocs of
+//	           up to WithSnapshotBatch nodes per MULTI/EXEC, in sequence
+//
+// # Redis Cluster caveat
+//
+// Register, Reserve, Release and Remove are multi-key across hash slots: they
+// combine a node's keys with the store-wide keys (rentals, nodes, version);
+// a Snapshot batch reads the keys of many nodes in one MULTI/EXEC.
+// That is atomic on a single Redis primary (with replicas, Sentinel or not),
+// which is the deployment this package is written for. On Redis Cluster those
+// scripts would fail with CROSSSLOT. To run on a Cluster unchanged, give the
+// prefix its own hash tag, e.g. WithPrefix("{shizu}"): Redis hashes only the
+// first {...} of a key, so every key then lands in one slot — correct, but the
+// whole store lives on one shard. Spreading nodes over shards would mean giving
+// up the store-wide version counter and checking rental idempotence per node.
+//
+// Lua scripts are loaded with redis.NewScript and run with EVALSHA, falling
+// back to EVAL when the server answers NOSCRIPT (after a restart or SCRIPT
+// FLUSH). Every script declares all the keys it touches in KEYS.
+package capacity

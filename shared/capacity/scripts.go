@@ -1,0 +1,236 @@
+package capacity
+
+import "github.com/redis/go-redis/v9"
+
+// The store's Lua scripts. Each declares every key it touches in KEYS and
+// writes only after all of its checks pass, so a rejected call changes
+// nothing. The scripts that change capacity read every field they need with
+// one HMGET and write them back with one HSET: in Redis 7 each redis.call
+// costs about a microsecond, so the number of calls, not their size, is what
+// a script costs. Numbers are written with string.format('%d', x): Lua
+// numbers are doubles and would otherwise print as "1e+15" or "-0".
+// The first element of every reply is a status word that store.go maps to
+// an error of the taxonomy.
+
+// luaHelpers is prepended to the scripts that write numbers.
+const luaHelpers = `
+local function fmt(x) return string.format('%d', x) end
+`
+
+// registerScript creates a node or refreshes its static facts, keeping its
+// epoch and allocations and recomputing what is free from them.
+//
+// KEYS: node, allocs, nodes, version.
+// ARGV: node id, spec JSON, cpu milli, memory MiB, GPU count n, then n
+// groups of (VRAM MiB, max sharers, "1" if MIG-capable).
+// Reply: {'ok', epoch, status, changed 0|1} or
+// {'misfit', rental id, resource, GPU index, value} when a live allocation
+// does not fit the new facts.
+var registerScript = redis.NewScript(luaHelpers + `
+local cur = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'spec')
+local status, epoch = 'ready', '1'
+if cur[1] then
+  epoch = cur[2]
+  if cur[1] ~= 'dead' then
+    status = cur[1]
+    if cur[3] == ARGV[2] then return {'ok', epoch, status, 0} end
+  end
+end
+local n = tonumber(ARGV[5])
+local cpu, mem = tonumber(ARGV[3]), tonumber(ARGV[4])
+local milli, vram, sharers, max, mig = {}, {}, {}, {}, {}
+for i = 0, n - 1 do
+  local b = 6 + 3 * i
+  milli[i] = 1000
+  vram[i] = tonumber(ARGV[b])
+  sharers[i] = 0
+  max[i] = tonumber(ARGV[b + 1])
+  mig[i] = ARGV[b + 2]
+end
+for _, raw in ipairs(redis.call('HVALS', KEYS[2])) do
+  local a = cjson.decode(raw)
+  cpu = cpu - a.cpu_milli
+  mem = mem - a.memory_mib
+  for _, g in ipairs(a.gpus) do
+    local i = g.index
+    if i >= n then return {'misfit', a.rental_id, 'gpu', fmt(i), fmt(n)} end
+    if g.mig_profile and mig[i] ~= '1' then return {'misfit', a.rental_id, 'mig', fmt(i), g.mig_profile} end
+    milli[i] = milli[i] - g.milli
+    vram[i] = vram[i] - g.vram_mib
+    sharers[i] = sharers[i] + 1
+  end
+end
+if cpu < 0 then return {'misfit', '', 'cpu_milli', '-1', fmt(cpu)} end
+if mem < 0 then return {'misfit', '', 'memory_mib', '-1', fmt(mem)} end
+local f = {'spec', ARGV[2], 'status', status, 'epoch', epoch,
+  'cpu_free', fmt(cpu), 'mem_free', fmt(mem), 'gpus', fmt(n)}
+for i = 0, n - 1 do
+  if milli[i] < 0 then return {'misfit', '', 'milli_gpu', fmt(i), fmt(milli[i])} end
+  if vram[i] < 0 then return {'misfit', '', 'vram_mib', fmt(i), fmt(vram[i])} end
+  if sharers[i] > max[i] then return {'misfit', '', 'sharer_slots', fmt(i), fmt(max[i] - sharers[i])} end
+  local p = 'g' .. fmt(i) .. '.'
+  table.insert(f, p .. 'milli'); table.insert(f, fmt(milli[i]))
+  table.insert(f, p .. 'vram'); table.insert(f, fmt(vram[i]))
+  table.insert(f, p .. 'sharers'); table.insert(f, fmt(sharers[i]))
+  table.insert(f, p .. 'max'); table.insert(f, fmt(max[i]))
+  table.insert(f, p .. 'mig'); table.insert(f, mig[i])
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(f))
+redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('INCR', KEYS[4])
+return {'ok', epoch, status, 1}
+`)
+
+// reserveScript commits one placement, all or nothing.
+//
+// KEYS: node, allocs, rentals, version.
+// ARGV: rental id, epoch, cpu milli, memory MiB, allocation JSON, share
+// count n, then n groups of (GPU index, milli, VRAM MiB, "1" if MIG).
+// Reply: {'ok', version}, {'existing', allocation JSON}, {'not_found'},
+// {'dead', epoch}, {'epoch', epoch}, {'not_ready', status},
+// {'short', GPU index or '-1', resource, free, want}, {'no_gpu', index, count},
+// {'not_mig', index}.
+var reserveScript = redis.NewScript(luaHelpers + `
+local existing = redis.call('HGET', KEYS[3], ARGV[1])
+if existing then return {'existing', existing} end
+local n = tonumber(ARGV[6])
+local fields = {'status', 'epoch', 'cpu_free', 'mem_free', 'gpus'}
+for j = 0, n - 1 do
+  local p = 'g' .. ARGV[7 + 4 * j] .. '.'
+  for _, f in ipairs({'milli', 'vram', 'sharers', 'max', 'mig'}) do fields[#fields + 1] = p .. f end
+end
+local v = redis.call('HMGET', KEYS[1], unpack(fields))
+if not v[1] then return {'not_found'} end
+if v[1] == 'dead' then return {'dead', v[2]} end
+if tonumber(v[2]) ~= tonumber(ARGV[2]) then return {'epoch', v[2]} end
+if v[1] ~= 'ready' then return {'not_ready', v[1]} end
+local cpu, mem = tonumber(v[3]) - tonumber(ARGV[3]), tonumber(v[4]) - tonumber(ARGV[4])
+if cpu < 0 then return {'short', '-1', 'cpu_milli', v[3], ARGV[3]} end
+if mem < 0 then return {'short', '-1', 'memory_mib', v[4], ARGV[4]} end
+local set = {'cpu_free', fmt(cpu), 'mem_free', fmt(mem)}
+local count = tonumber(v[5])
+for j = 0, n - 1 do
+  local b, o = 7 + 4 * j, 6 + 5 * j
+  local i = ARGV[b]
+  if tonumber(i) >= count then return {'no_gpu', i, v[5]} end
+  if ARGV[b + 3] == '1' and v[o + 4] ~= '1' then return {'not_mig', i} end
+  local milli, vram = tonumber(v[o]) - tonumber(ARGV[b + 1]), tonumber(v[o + 1]) - tonumber(ARGV[b + 2])
+  local sharers, max = tonumber(v[o + 2]), tonumber(v[o + 3])
+  if milli < 0 then return {'short', i, 'milli_gpu', v[o], ARGV[b + 1]} end
+  if vram < 0 then return {'short', i, 'vram_mib', v[o + 1], ARGV[b + 2]} end
+  if sharers >= max then return {'short', i, 'sharer_slots', fmt(max - sharers), '1'} end
+  set[#set + 1] = fields[o]; set[#set + 1] = fmt(milli)
+  set[#set + 1] = fields[o + 1]; set[#set + 1] = fmt(vram)
+  set[#set + 1] = fields[o + 2]; set[#set + 1] = fmt(sharers + 1)
+end
+redis.call('HSET', KEYS[1], unpack(set))
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[5])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
+return {'ok', redis.call('INCR', KEYS[4])}
+`)
+
+// releaseScript gives one allocation's capacity back and forgets it.
+//
+// KEYS: node, allocs, rentals, version.
+// ARGV: rental id, the node id the caller found in the index.
+// Reply: {'ok', version}, {'none'} (nothing to release), {'moved', node id}
+// (the rental now lives on another node: look it up again).
+var releaseScript = redis.NewScript(luaHelpers + `
+local rec = redis.call('HGET', KEYS[2], ARGV[1])
+if not rec then
+  local idx = redis.call('HGET', KEYS[3], ARGV[1])
+  if not idx then return {'none'} end
+  local node_id = cjson.decode(idx).node_id
+  if node_id ~= ARGV[2] then return {'moved', node_id} end
+  -- An index entry without its node record (never written so by this
+  -- package): drop it, there is no capacity to give back.
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  return {'ok', redis.call('INCR', KEYS[4])}
+end
+local a = cjson.decode(rec)
+local fields = {'cpu_free', 'mem_free'}
+for _, g in ipairs(a.gpus) do
+  local p = 'g' .. fmt(g.index) .. '.'
+  fields[#fields + 1] = p .. 'milli'
+  fields[#fields + 1] = p .. 'vram'
+  fields[#fields + 1] = p .. 'sharers'
+end
+local v = redis.call('HMGET', KEYS[1], unpack(fields))
+if v[1] then
+  local set = {'cpu_free', fmt(tonumber(v[1]) + a.cpu_milli), 'mem_free', fmt(tonumber(v[2]) + a.memory_mib)}
+  for k, g in ipairs(a.gpus) do
+    local o = 3 * k
+    set[#set + 1] = fields[o]; set[#set + 1] = fmt(tonumber(v[o]) + g.milli)
+    set[#set + 1] = fields[o + 1]; set[#set + 1] = fmt(tonumber(v[o + 1]) + g.vram_mib)
+    set[#set + 1] = fields[o + 2]; set[#set + 1] = fmt(tonumber(v[o + 2]) - 1)
+  end
+  redis.call('HSET', KEYS[1], unpack(set))
+end
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return {'ok', redis.call('INCR', KEYS[4])}
+`)
+
+// fenceScript moves a node's epoch on and marks it dead, if the caller saw
+// the current epoch.
+//
+// KEYS: node, allocs, version. ARGV: expected epoch.
+// Reply: {'ok', new epoch, {allocation JSON...}}, {'not_found'},
+// {'conflict', current epoch}.
+var fenceScript = redis.NewScript(`
+local e = redis.call('HGET', KEYS[1], 'epoch')
+if not e then return {'not_found'} end
+if tonumber(e) ~= tonumber(ARGV[1]) then return {'conflict', e} end
+local ne = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HSET', KEYS[1], 'status', 'dead')
+redis.call('INCR', KEYS[3])
+return {'ok', ne, redis.call('HVALS', KEYS[2])}
+`)
+
+// renewScript checks that a node still holds an allocation under its epoch.
+//
+// KEYS: node, allocs. ARGV: rental id, the agent's epoch.
+// Reply: {'ok'}, {'no_node'}, {'dead', epoch}, {'epoch', node epoch},
+// {'no_alloc'}, {'stale', allocation epoch, node epoch}.
+var renewScript = redis.NewScript(`
+local node = redis.call('HMGET', KEYS[1], 'status', 'epoch')
+if not node[1] then return {'no_node'} end
+if node[1] == 'dead' then return {'dead', node[2]} end
+if tonumber(node[2]) ~= tonumber(ARGV[2]) then return {'epoch', node[2]} end
+local rec = redis.call('HGET', KEYS[2], ARGV[1])
+if not rec then return {'no_alloc'} end
+local ae = cjson.decode(rec).epoch
+if ae ~= tonumber(node[2]) then return {'stale', string.format('%d', ae), node[2]} end
+return {'ok'}
+`)
+
+// setStatusScript switches a live node between ready and draining.
+//
+// KEYS: node, version. ARGV: status, expected epoch.
+// Reply: {'ok', changed 0|1}, {'not_found'}, {'dead', epoch},
+// {'conflict', epoch}.
+var setStatusScript = redis.NewScript(`
+local node = redis.call('HMGET', KEYS[1], 'status', 'epoch')
+if not node[1] then return {'not_found'} end
+if node[1] == 'dead' then return {'dead', node[2]} end
+if tonumber(node[2]) ~= tonumber(ARGV[2]) then return {'conflict', node[2]} end
+if node[1] == ARGV[1] then return {'ok', 0} end
+redis.call('HSET', KEYS[1], 'status', ARGV[1])
+redis.call('INCR', KEYS[2])
+return {'ok', 1}
+`)
+
+// removeScript forgets a node that holds no allocations.
+//
+// KEYS: node, allocs, nodes, version. ARGV: node id.
+// Reply: {'ok'}, {'not_found'}, {'busy', allocation count}.
+var removeScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'not_found'} end
+local n = redis.call('HLEN', KEYS[2])
+if n > 0 then return {'busy', n} end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('SREM', KEYS[3], ARGV[1])
+redis.call('INCR', KEYS[4])
+return {'ok'}
+`)

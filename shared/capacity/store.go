@@ -1,0 +1,569 @@
+package capacity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultPrefix starts every key of a store made without WithPrefix.
+const DefaultPrefix = "shizu"
+
+// DefaultSnapshotBatch is how many nodes one Snapshot round trip reads.
+const DefaultSnapshotBatch = 250
+
+// Store is the live-capacity store. It is safe for concurrent use; any
+// number of Stores (scheduler, failover and agent replicas) may share one
+// Redis and prefix.
+type Store struct {
+	rdb   redis.UniversalClient
+	keys  keyspace
+	now   func() time.Time
+	batch int
+
+	mu    sync.Mutex
+	cache *decodeCache // what the last Snapshot decoded
+}
+
+type config struct {
+	prefix string
+	now    func() time.Time
+	batch  int
+}
+
+// Option configures New.
+type Option func(*config)
+
+// WithPrefix sets the prefix of every key (default DefaultPrefix). Stores
+// with different prefixes on one Redis do not see each other. A prefix that
+// is a hash tag, such as "{shizu}", puts every key in one Redis Cluster slot.
+func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
+
+// WithClock sets the clock that stamps Allocation.CreatedAt (default time.Now).
+func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// WithSnapshotBatch sets how many nodes Snapshot reads per round trip
+// (default DefaultSnapshotBatch). Each batch is one MULTI/EXEC, so it is
+// atomic and holds Redis for its duration.
+func WithSnapshotBatch(n int) Option { return func(c *config) { c.batch = n } }
+
+// New returns a Store on rdb.
+func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
+	c := config{prefix: DefaultPrefix, now: time.Now, batch: DefaultSnapshotBatch}
+	for _, o := range opts {
+		o(&c)
+	}
+	var errs []error
+	if rdb == nil {
+		errs = append(errs, errors.New("redis client: must not be nil"))
+	}
+	if c.prefix == "" || len(c.prefix) > MaxIDLen {
+		errs = append(errs, fmt.Errorf("prefix: must be 1..%d characters, got %q", MaxIDLen, c.prefix))
+	}
+	for _, r := range c.prefix {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			errs = append(errs, fmt.Errorf("prefix: %q contains a space or control character", c.prefix))
+			break
+		}
+	}
+	if c.now == nil {
+		errs = append(errs, errors.New("clock: must not be nil"))
+	}
+	if c.batch < 1 || c.batch > 10000 {
+		errs = append(errs, fmt.Errorf("snapshot batch: must be in 1..10000, got %d", c.batch))
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("capacity: new store: %w", invalid(errs...))
+	}
+	return &Store{rdb: rdb, keys: keyspace{prefix: c.prefix}, now: c.now, batch: c.batch}, nil
+}
+
+// keyspace names the store's keys; see the package documentation.
+type keyspace struct{ prefix string }
+
+func (k keyspace) node(id string) string   { return k.prefix + ":node:{" + id + "}" }
+func (k keyspace) allocs(id string) string { return k.prefix + ":node:{" + id + "}:allocs" }
+func (k keyspace) nodes() string           { return k.prefix + ":nodes" }
+func (k keyspace) rentals() string         { return k.prefix + ":rentals" }
+func (k keyspace) version() string         { return k.prefix + ":version" }
+
+// unavailable wraps an error from Redis itself.
+func unavailable(op string, err error) error {
+	return fmt.Errorf("capacity: %s: %w: %w", op, ErrUnavailable, err)
+}
+
+// run runs a script and returns its reply as a list.
+func (s *Store) run(ctx context.Context, op string, sc *redis.Script, keys []string, args ...any) ([]any, error) {
+	res, err := sc.Run(ctx, s.rdb, keys, args...).Slice()
+	if err != nil {
+		return nil, unavailable(op, err)
+	}
+	if len(res) == 0 {
+		return nil, fmt.Errorf("capacity: %s: empty script reply", op)
+	}
+	return res, nil
+}
+
+func checkNodeID(op, id string) error {
+	var p problems
+	p.id("nodeID", id)
+	if err := invalid(p...); err != nil {
+		return fmt.Errorf("capacity: %s: %w", op, err)
+	}
+	return nil
+}
+
+func checkEpoch(p *problems, field string, epoch uint64) {
+	if epoch == 0 {
+		p.addf(field, "must be >= 1, got 0")
+	}
+}
+
+// Register records a node, as its agent reports it, and returns the node's
+// epoch. A new node starts at epoch 1, ready, with everything free. A known
+// node keeps its epoch and its allocations and takes the new static facts;
+// a draining node stays draining and a dead (fenced) node becomes ready
+// again at its current, already moved, epoch. What is free is recomputed
+// from the new facts minus the live allocations; when those no longer fit
+// (a GPU disappeared, VRAM shrank, MaxSharers dropped below the sharers)
+// Register fails with ErrConflict and changes nothing.
+func (s *Store) Register(ctx context.Context, n Node) (uint64, error) {
+	op := "register node " + n.ID
+	if err := n.Validate(); err != nil {
+		return 0, fmt.Errorf("capacity: %s: %w", op, err)
+	}
+	spec, err := encodeNode(n)
+	if err != nil {
+		return 0, fmt.Errorf("capacity: %s: %w", op, err)
+	}
+	args := make([]any, 0, 5+3*len(n.GPUs))
+	args = append(args, n.ID, spec, n.CPUMilli, n.MemoryMiB, len(n.GPUs))
+	for _, g := range n.GPUs {
+		args = append(args, g.VRAMMiB, g.EffectiveMaxSharers(), flag(g.MIGCapable))
+	}
+	res, err := s.run(ctx, op, registerScript,
+		[]string{s.keys.node(n.ID), s.keys.allocs(n.ID), s.keys.nodes(), s.keys.version()}, args...)
+	if err != nil {
+		return 0, err
+	}
+	switch str(res[0]) {
+	case "ok":
+		epoch, err := strconv.ParseUint(str(res[1]), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("capacity: %s: epoch: %w", op, err)
+		}
+		return epoch, nil
+	case "misfit":
+		rental, resource, gpu, value := str(res[1]), str(res[2]), str(res[3]), str(res[4])
+		var what string
+		switch resource {
+		case "gpu":
+			what = fmt.Sprintf("rental %s uses GPU %s but the node now has %s GPUs", rental, gpu, value)
+		case "mig":
+			what = fmt.Sprintf("rental %s holds MIG slice %s on GPU %s, which is no longer MIG-capable", rental, value, gpu)
+		default:
+			where := "the host"
+			if gpu != "-1" {
+				where = "GPU " + gpu
+			}
+			what = fmt.Sprintf("%s would have %s %s free", where, value, resource)
+		}
+		return 0, fmt.Errorf("capacity: %s: %w: live allocations do not fit the new facts (%s); release them first", op, ErrConflict, what)
+	}
+	return 0, unexpected(op, res)
+}
+
+// Reserve commits a placement in one atomic step: the node must exist, be
+// ready and still be at p.Epoch; the host must have p's CPU and memory free;
+// and every GPU of p must have the milli-GPU, the VRAM and a sharer slot.
+// Either all of it is taken or nothing is.
+//
+// Reserve is idempotent per rental id: if the rental is already recorded,
+// on this node or any other, the recorded allocation is returned with
+// Existing set, whatever p asks for, and nothing is written.
+//
+// Errors: ErrInvalid (p fails Validate, the node lacks a GPU of p, or a MIG
+// share names a GPU that is not MIG-capable), ErrNotFound (no such node),
+// ErrFenced (node dead, or its epoch is not p.Epoch: it was fenced since the
+// scheduler looked), ErrConflict (node draining), *InsufficientError.
+func (s *Store) Reserve(ctx context.Context, p Placement) (Allocation, error) {
+	op := fmt.Sprintf("reserve rental %s on node %s", p.RentalID, p.NodeID)
+	if err := p.Validate(); err != nil {
+		return Allocation{}, fmt.Errorf("capacity: %s: %w", op, err)
+	}
+	created := s.now().UTC()
+	raw, err := encodeAllocation(p, created)
+	if err != nil {
+		return Allocation{}, fmt.Errorf("capacity: %s: %w", op, err)
+	}
+	args := make([]any, 0, 6+4*len(p.GPUs))
+	args = append(args, p.RentalID, p.Epoch, p.CPUMilli, p.MemoryMiB, raw, len(p.GPUs))
+	for _, g := range p.GPUs {
+		args = append(args, g.Index, g.Milli, g.VRAMMiB, flag(g.MIGProfile != ""))
+	}
+	res, err := s.run(ctx, op, reserveScript,
+		[]string{s.keys.node(p.NodeID), s.keys.allocs(p.NodeID), s.keys.rentals(), s.keys.version()}, args...)
+	if err != nil {
+		return Allocation{}, err
+	}
+	switch str(res[0]) {
+	case "ok":
+		p.GPUs = slices.Clone(p.GPUs)
+		return Allocation{Placement: p, CreatedAt: created}, nil
+	case "existing":
+		a, err := decodeAllocation(str(res[1]))
+		if err != nil {
+			return Allocation{}, fmt.Errorf("capacity: %s: %w", op, err)
+		}
+		a.Existing = true
+		return a, nil
+	case "not_found":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: no such node", op, ErrNotFound)
+	case "dead":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: node is dead at epoch %s", op, ErrFenced, str(res[1]))
+	case "epoch":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: node is at epoch %s, placement saw %d", op, ErrFenced, str(res[1]), p.Epoch)
+	case "not_ready":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: node is %s", op, ErrConflict, str(res[1]))
+	case "short":
+		gpu, _ := strconv.Atoi(str(res[1]))
+		return Allocation{}, fmt.Errorf("capacity: %s: %w", op, &InsufficientError{
+			Node: p.NodeID, GPU: gpu, Resource: str(res[2]), Free: num(res[3]), Want: num(res[4]),
+		})
+	case "no_gpu":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: node has %s GPUs, placement names GPU %s", op, ErrInvalid, str(res[2]), str(res[1]))
+	case "not_mig":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s is not MIG-capable", op, ErrInvalid, str(res[1]))
+	}
+	return Allocation{}, unexpected(op, res)
+}
+
+// maxReleaseHops bounds how often Release follows a rental that moved
+// between its index read and its script (released and reserved elsewhere).
+const maxReleaseHops = 16
+
+// Release gives a rental's capacity back exactly as it was taken and forgets
+// the allocation. It is idempotent: released is false, with no error, when
+// the rental is not recorded.
+func (s *Store) Release(ctx context.Context, rentalID string) (released bool, err error) {
+	op := "release rental " + rentalID
+	var p problems
+	p.id("rentalID", rentalID)
+	if err := invalid(p...); err != nil {
+		return false, fmt.Errorf("capacity: %s: %w", op, err)
+	}
+	for range maxReleaseHops {
+		raw, err := s.rdb.HGet(ctx, s.keys.rentals(), rentalID).Result()
+		if errors.Is(err, redis.Nil) {
+			return false, nil
+		}
+		if err != nil {
+			return false, unavailable(op, err)
+		}
+		a, err := decodeAllocation(raw)
+		if err != nil {
+			return false, fmt.Errorf("capacity: %s: %w", op, err)
+		}
+		res, err := s.run(ctx, op, releaseScript,
+			[]string{s.keys.node(a.NodeID), s.keys.allocs(a.NodeID), s.keys.rentals(), s.keys.version()},
+			rentalID, a.NodeID)
+		if err != nil {
+			return false, err
+		}
+		switch str(res[0]) {
+		case "ok":
+			return true, nil
+		case "none":
+			return false, nil
+		case "moved":
+			continue
+		default:
+			return false, unexpected(op, res)
+		}
+	}
+	return false, fmt.Errorf("capacity: %s: %w: the rental moved between nodes %d times while being released", op, ErrConflict, maxReleaseHops)
+}
+
+// Renew is the node agent's check that it still holds a rental under its
+// epoch. It changes nothing. Errors: ErrFenced when the node is dead, is no
+// longer at epoch, or recorded the allocation under an older epoch (a
+// fenced node's allocations can never be renewed); ErrNotFound when the
+// node or the allocation on that node is gone.
+func (s *Store) Renew(ctx context.Context, rentalID, nodeID string, epoch uint64) error {
+	op := fmt.Sprintf("renew rental %s on node %s", rentalID, nodeID)
+	var p problems
+	p.id("rentalID", rentalID)
+	p.id("nodeID", nodeID)
+	checkEpoch(&p, "epoch", epoch)
+	if err := invalid(p...); err != nil {
+		return fmt.Errorf("capacity: %s: %w", op, err)
+	}
+	res, err := s.run(ctx, op, renewScript, []string{s.keys.node(nodeID), s.keys.allocs(nodeID)}, rentalID, epoch)
+	if err != nil {
+		return err
+	}
+	switch str(res[0]) {
+	case "ok":
+		return nil
+	case "no_node":
+		return fmt.Errorf("capacity: %s: %w: no such node", op, ErrNotFound)
+	case "no_alloc":
+		return fmt.Errorf("capacity: %s: %w: the node holds no such allocation", op, ErrNotFound)
+	case "dead":
+		return fmt.Errorf("capacity: %s: %w: node is dead at epoch %s", op, ErrFenced, str(res[1]))
+	case "epoch":
+		return fmt.Errorf("capacity: %s: %w: node is at epoch %s, agent holds %d", op, ErrFenced, str(res[1]), epoch)
+	case "stale":
+		return fmt.Errorf("capacity: %s: %w: allocation was made at epoch %s, node is at %s", op, ErrFenced, str(res[1]), str(res[2]))
+	}
+	return unexpected(op, res)
+}
+
+// Fence takes a node out of service in one atomic step, if its epoch is
+// still expectedEpoch: the epoch moves on by one, the node becomes dead and
+// the allocations it held are returned, so the caller can move them. They
+// stay recorded (and keep their capacity) until Released; Allocations reads
+// them again. With several callers at the same epoch exactly one wins; the
+// others get ErrConflict. ErrNotFound when there is no such node.
+func (s *Store) Fence(ctx context.Context, nodeID string, expectedEpoch uint64) (FenceResult, error) {
+	op := fmt.Sprintf("fence node %s at epoch %d", nodeID, expectedEpoch)
+	var p problems
+	p.id("nodeID", nodeID)
+	checkEpoch(&p, "expectedEpoch", expectedEpoch)
+	if err := invalid(p...); err != nil {
+		return FenceResult{}, fmt.Errorf("capacity: %s: %w", op, err)
+	}
+	res, err := s.run(ctx, op, fenceScript,
+		[]string{s.keys.node(nodeID), s.keys.allocs(nodeID), s.keys.version()}, expectedEpoch)
+	if err != nil {
+		return FenceResult{}, err
+	}
+	switch str(res[0]) {
+	case "ok":
+		raws, _ := res[2].([]any)
+		allocs, err := decodeAllocations(raws)
+		if err != nil {
+			return FenceResult{}, fmt.Errorf("capacity: %s: %w", op, err)
+		}
+		return FenceResult{Epoch: uint64(num(res[1])), Allocations: allocs}, nil
+	case "not_found":
+		return FenceResult{}, fmt.Errorf("capacity: %s: %w: no such node", op, ErrNotFound)
+	case "conflict":
+		return FenceResult{}, fmt.Errorf("capacity: %s: %w: node is at epoch %s", op, ErrConflict, str(res[1]))
+	}
+	return FenceResult{}, unexpected(op, res)
+}
+
+// SetStatus switches a live node between StatusReady and StatusDraining, if
+// its epoch is still expectedEpoch (else ErrConflict). A dead node cannot be
+// changed (ErrFenced): only Register brings it back, and only Fence kills
+// one. Setting the status a node already has changes nothing.
+func (s *Store) SetStatus(ctx context.Context, nodeID string, status NodeStatus, expectedEpoch uint64) error {
+	op := fmt.Sprintf("set node %s %s", nodeID, status)
+	var p problems
+	p.id("nodeID", nodeID)
+	if status != StatusReady && status != StatusDraining {
+		p.addf("status", "must be %q or %q (use Fence to kill a node), got %q", StatusReady, StatusDraining, status)
+	}
+	checkEpoch(&p, "expectedEpoch", expectedEpoch)
+	if err := invalid(p...); err != nil {
+		return fmt.Errorf("capacity: %s: %w", op, err)
+	}
+	res, err := s.run(ctx, op, setStatusScript, []string{s.keys.node(nodeID), s.keys.version()}, string(status), expectedEpoch)
+	if err != nil {
+		return err
+	}
+	switch str(res[0]) {
+	case "ok":
+		return nil
+	case "not_found":
+		return fmt.Errorf("capacity: %s: %w: no such node", op, ErrNotFound)
+	case "dead":
+		return fmt.Errorf("capacity: %s: %w: node is dead at epoch %s; it comes back by registering", op, ErrFenced, str(res[1]))
+	case "conflict":
+		return fmt.Errorf("capacity: %s: %w: node is at epoch %s, caller expected %d", op, ErrConflict, str(res[1]), expectedEpoch)
+	}
+	return unexpected(op, res)
+}
+
+// Remove forgets a node. It fails with ErrConflict while the node holds
+// allocations (release or move them first) and ErrNotFound when there is no
+// such node. A node registered again after Remove starts over at epoch 1.
+func (s *Store) Remove(ctx context.Context, nodeID string) error {
+	op := "remove node " + nodeID
+	if err := checkNodeID(op, nodeID); err != nil {
+		return err
+	}
+	res, err := s.run(ctx, op, removeScript,
+		[]string{s.keys.node(nodeID), s.keys.allocs(nodeID), s.keys.nodes(), s.keys.version()}, nodeID)
+	if err != nil {
+		return err
+	}
+	switch str(res[0]) {
+	case "ok":
+		return nil
+	case "not_found":
+		return fmt.Errorf("capacity: %s: %w: no such node", op, ErrNotFound)
+	case "busy":
+		return fmt.Errorf("capacity: %s: %w: node still holds %d allocations", op, ErrConflict, num(res[1]))
+	}
+	return unexpected(op, res)
+}
+
+// Node reads one node, atomically.
+func (s *Store) Node(ctx context.Context, nodeID string) (NodeState, error) {
+	op := "read node " + nodeID
+	if err := checkNodeID(op, nodeID); err != nil {
+		return NodeState{}, err
+	}
+	states, err := s.readNodes(ctx, op, nil, []string{nodeID})
+	if err != nil {
+		return NodeState{}, err
+	}
+	if len(states) == 0 {
+		return NodeState{}, fmt.Errorf("capacity: %s: %w: no such node", op, ErrNotFound)
+	}
+	return states[0], nil
+}
+
+// Allocations returns the allocations a node holds (including, after a
+// Fence, those recorded under its old epoch), sorted by rental id.
+func (s *Store) Allocations(ctx context.Context, nodeID string) ([]Allocation, error) {
+	st, err := s.Node(ctx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	return st.Allocations, nil
+}
+
+// Allocation returns one rental's allocation, on whichever node it is.
+func (s *Store) Allocation(ctx context.Context, rentalID string) (Allocation, error) {
+	op := "read rental " + rentalID
+	var p problems
+	p.id("rentalID", rentalID)
+	if err := invalid(p...); err != nil {
+		return Allocation{}, fmt.Errorf("capacity: %s: %w", op, err)
+	}
+	raw, err := s.rdb.HGet(ctx, s.keys.rentals(), rentalID).Result()
+	if errors.Is(err, redis.Nil) {
+		return Allocation{}, fmt.Errorf("capacity: %s: %w", op, ErrNotFound)
+	}
+	if err != nil {
+		return Allocation{}, unavailable(op, err)
+	}
+	a, err := decodeAllocation(raw)
+	if err != nil {
+		return Allocation{}, fmt.Errorf("capacity: %s: %w", op, err)
+	}
+	return a, nil
+}
+
+// Version returns the store-wide mutation counter: it grows with every
+// change (register, reserve, release, fence, status, remove), so a reader
+// holding a Snapshot can tell whether it is stale with one cheap call.
+func (s *Store) Version(ctx context.Context) (uint64, error) {
+	v, err := s.rdb.Get(ctx, s.keys.version()).Uint64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, unavailable("read version", err)
+	}
+	return v, nil
+}
+
+// Snapshot reads every node: static facts, status, epoch, what is free and
+// what is allocated. It reads the version and the node list in one
+// MULTI/EXEC, then the nodes in batches of WithSnapshotBatch, one MULTI/EXEC
+// per batch; see the Snapshot type for what Version promises. Static facts
+// and allocations that have not changed since the previous Snapshot of this
+// Store are not decoded again.
+func (s *Store) Snapshot(ctx context.Context) (Snapshot, error) {
+	const op = "snapshot"
+	var version *redis.StringCmd
+	var members *redis.StringSliceCmd
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		version = p.Get(ctx, s.keys.version())
+		members = p.SMembers(ctx, s.keys.nodes())
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return Snapshot{}, unavailable(op, err)
+	}
+	if err := members.Err(); err != nil {
+		return Snapshot{}, unavailable(op, err)
+	}
+	var snap Snapshot
+	if err := version.Err(); err == nil {
+		if snap.Version, err = version.Uint64(); err != nil {
+			return Snapshot{}, fmt.Errorf("capacity: %s: version: %w", op, err)
+		}
+	} else if !errors.Is(err, redis.Nil) {
+		return Snapshot{}, unavailable(op, err)
+	}
+	ids := members.Val()
+	slices.Sort(ids)
+	s.mu.Lock()
+	cache := s.cache.next()
+	s.mu.Unlock()
+	snap.Nodes = make([]NodeState, 0, len(ids))
+	for batch := range slices.Chunk(ids, s.batch) {
+		states, err := s.readNodes(ctx, op, cache, batch)
+		if err != nil {
+			return Snapshot{}, err
+		}
+		snap.Nodes = append(snap.Nodes, states...)
+	}
+	cache.prev = nil
+	s.mu.Lock()
+	s.cache = cache
+	s.mu.Unlock()
+	return snap, nil
+}
+
+// readNodes reads the given nodes atomically (HGETALL and HVALS of each in
+// one MULTI/EXEC, which costs Redis about half what the same reads cost
+// inside a Lua script), skipping those that do not exist; cache may be nil.
+func (s *Store) readNodes(ctx context.Context, op string, cache *decodeCache, ids []string) ([]NodeState, error) {
+	cmds, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for _, id := range ids {
+			p.Do(ctx, "HGETALL", s.keys.node(id))
+			p.Do(ctx, "HVALS", s.keys.allocs(id))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, unavailable(op, err)
+	}
+	out := make([]NodeState, 0, len(ids))
+	for i, id := range ids {
+		fields := cmds[2*i].(*redis.Cmd).Val()
+		allocs, _ := cmds[2*i+1].(*redis.Cmd).Val().([]any)
+		st, ok, err := decodeNodeState(cache, id, fields, allocs)
+		if err != nil {
+			return nil, fmt.Errorf("capacity: %s: %w", op, err)
+		}
+		if ok {
+			out = append(out, st)
+		}
+	}
+	return out, nil
+}
+
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+func unexpected(op string, res []any) error {
+	return fmt.Errorf("capacity: %s: unexpected script reply %v", op, res)
+}

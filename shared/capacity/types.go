@@ -1,0 +1,140 @@
+package capacity
+
+import "time"
+
+// MilliPerGPU is the capacity of one GPU in milli-GPU.
+const MilliPerGPU = 1000
+
+// DefaultMaxSharers is the number of allocations one GPU may hold at once
+// when GPU.MaxSharers is 0.
+const DefaultMaxSharers = 4
+
+// Market is how a node's GPUs are sold.
+type Market string
+
+// Markets.
+const (
+	MarketOnDemand Market = "on-demand"
+	MarketSpot     Market = "spot"
+)
+
+// NodeStatus is whether a node takes new work.
+type NodeStatus string
+
+// Node statuses. Only Ready nodes take new reservations. Draining is set by
+// an operator (SetStatus); Dead only by Fence, and only Register brings a dead
+// node back.
+const (
+	StatusReady    NodeStatus = "ready"
+	StatusDraining NodeStatus = "draining"
+	StatusDead     NodeStatus = "dead"
+)
+
+// Node is the static description of a GPU host, as its node agent registers it.
+type Node struct {
+	ID                    string
+	Zone                  string
+	Market                Market
+	PricePerGPUHourMicros int64 // micro-units of Currency per GPU-hour
+	Currency              string
+	TEECapable            bool
+	CPUMilli              int64 // host CPU that rentals may use, milli-cores
+	MemoryMiB             int64 // host memory that rentals may use
+	// GPUs lists every GPU, GPUs[i].Index == i.
+	GPUs []GPU
+	// NVLinkDomains groups GPU indexes that share an NVLink fabric; a GPU is
+	// in at most one domain.
+	NVLinkDomains [][]int
+	Labels        map[string]string
+}
+
+// GPU is one device of a node.
+type GPU struct {
+	Index       int
+	UUID        string
+	Model       string
+	VRAMMiB     int64
+	MIGCapable  bool
+	NVLinkPeers []int
+	// MaxSharers is how many allocations may share this GPU at once;
+	// 0 means DefaultMaxSharers.
+	MaxSharers int
+}
+
+// EffectiveMaxSharers is MaxSharers with the default applied.
+func (g GPU) EffectiveMaxSharers() int {
+	if g.MaxSharers == 0 {
+		return DefaultMaxSharers
+	}
+	return g.MaxSharers
+}
+
+// GPUShare is the part of one GPU a placement takes.
+type GPUShare struct {
+	Index   int
+	Milli   int64 // 1..MilliPerGPU
+	VRAMMiB int64
+	// MIGProfile names the MIG slice (e.g. "1g.10gb"); empty for a
+	// time-shared or whole GPU. A MIG share needs a MIG-capable GPU.
+	MIGProfile string
+}
+
+// Placement is what a scheduler asks to commit: a rental on one node, under
+// the node epoch the scheduler saw.
+type Placement struct {
+	RentalID  string
+	NodeID    string
+	Epoch     uint64
+	Tenant    string
+	CPUMilli  int64
+	MemoryMiB int64
+	GPUs      []GPUShare
+}
+
+// Allocation is a placement as the store recorded it.
+type Allocation struct {
+	Placement
+	CreatedAt time.Time
+	// Existing is true when Reserve found this rental already recorded and
+	// returned the earlier allocation instead of writing a new one. It is
+	// not stored.
+	Existing bool
+}
+
+// FreeGPU is the live state of one GPU.
+type FreeGPU struct {
+	Index      int
+	Milli      int64 // free milli-GPU
+	VRAMMiB    int64 // free VRAM
+	Sharers    int   // allocations using this GPU
+	MaxSharers int   // effective sharer limit
+}
+
+// NodeState is a node as stored: its static facts, status, epoch, what is
+// free and what is allocated.
+type NodeState struct {
+	Node
+	Status        NodeStatus
+	Epoch         uint64
+	FreeCPUMilli  int64
+	FreeMemoryMiB int64
+	FreeGPUs      []FreeGPU    // FreeGPUs[i] is GPU i
+	Allocations   []Allocation // sorted by RentalID
+}
+
+// Snapshot is every node of the store. Version is the store-wide mutation
+// counter read before any node was read: if Store.Version still returns the
+// same number, nothing has changed since and the snapshot is exact; if it is
+// higher, the snapshot may be stale (or, when taken in several batches,
+// torn between nodes; each node on its own is always read atomically).
+type Snapshot struct {
+	Version uint64
+	Nodes   []NodeState // sorted by ID
+}
+
+// FenceResult is what Fence did: the node's new epoch and the allocations it
+// held, which the caller now has to move.
+type FenceResult struct {
+	Epoch       uint64
+	Allocations []Allocation // sorted by RentalID
+}
