@@ -26,6 +26,7 @@ func files() []protoreflect.FileDescriptor {
 		File_shizu_v1_scaling_proto,
 		File_shizu_v1_billing_proto,
 		File_shizu_v1_market_proto,
+		File_shizu_v1_command_proto,
 	}
 }
 

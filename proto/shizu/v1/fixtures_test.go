@@ -326,3 +326,23 @@ func validSpotPriceChanged() *SpotPriceChanged {
 		EffectiveAt:             at(0),
 	}
 }
+
+func validStartRental() *StartRental {
+	return &StartRental{Meta: validMeta(), Scheduled: validRentalScheduled()}
+}
+
+func validStopRental() *StopRental {
+	return &StopRental{
+		Meta:        validMeta(),
+		RentalId:    "r-42",
+		TenantId:    "acme",
+		NodeId:      "gpu-node-17",
+		Attempt:     1,
+		Reason:      ExitReason_EXIT_REASON_CANCELLED,
+		GracePeriod: durationpb.New(30 * time.Second),
+	}
+}
+
+func validDrainNode() *DrainNode {
+	return &DrainNode{Meta: validMeta(), NodeId: "gpu-node-17", Epoch: 3, Deadline: at(2 * time.Minute)}
+}

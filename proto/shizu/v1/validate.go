@@ -1104,3 +1104,43 @@ func (p *problems) labels(path string, labels map[string]string) {
 func fmtTime(ts *timestamppb.Timestamp) string {
 	return ts.AsTime().Format("2006-01-02T15:04:05.999999999Z07:00")
 }
+
+// Validate checks a start command: the embedded placement must itself be a
+// valid RentalScheduled.
+func (m *StartRental) Validate() error {
+	if m == nil {
+		return errMissing()
+	}
+	var p problems
+	p.nest("meta", m.GetMeta().Validate())
+	p.nest("scheduled", m.GetScheduled().Validate())
+	return p.err()
+}
+
+// Validate checks a stop command: ids, an attempt, a reason, and a
+// non-negative grace period when given.
+func (m *StopRental) Validate() error {
+	if m == nil {
+		return errMissing()
+	}
+	var p problems
+	p.rentalHeader(m.GetMeta(), m.GetRentalId(), m.GetTenantId())
+	p.token("node_id", m.GetNodeId())
+	p.attempt(m.GetAttempt())
+	p.enum("reason", m.GetReason(), true)
+	p.duration("grace_period", m.GetGracePeriod(), false)
+	return p.err()
+}
+
+// Validate checks a drain command: node, epoch and deadline are required.
+func (m *DrainNode) Validate() error {
+	if m == nil {
+		return errMissing()
+	}
+	var p problems
+	p.nest("meta", m.GetMeta().Validate())
+	p.token("node_id", m.GetNodeId())
+	p.epoch("epoch", m.GetEpoch())
+	p.timestamp("deadline", m.GetDeadline())
+	return p.err()
+}

@@ -30,6 +30,7 @@ func validEvents() []validator {
 		validNodeProvisionRequested(), validNodeReleaseRequested(),
 		validUsageRecorded(), validInvoiceClosed(),
 		validSpotPriceChanged(),
+		validStartRental(), validStopRental(), validDrainNode(),
 	}
 }
 
@@ -315,6 +316,11 @@ func TestEventValidationRejectsBadInputWithTheFieldPath(t *testing.T) {
 		{"an invoice line without a plan is rejected", with(validInvoiceClosed(), func(m *InvoiceClosed) { m.LineItems[0].Plan = 0 }), "line_items[0].plan: missing"},
 		{"an invoice ending before it starts is rejected", with(validInvoiceClosed(), func(m *InvoiceClosed) { m.PeriodEnd = m.PeriodStart }), "period_end: "},
 		// SpotPriceChanged
+		{"a start command without its placement is rejected", with(validStartRental(), func(m *StartRental) { m.Scheduled = nil }), "scheduled: missing"},
+		{"a start command with a bad placement names the nested field", with(validStartRental(), func(m *StartRental) { m.Scheduled.NodeId = "a.b" }), "scheduled.node_id: "},
+		{"a stop command without a reason is rejected", with(validStopRental(), func(m *StopRental) { m.Reason = ExitReason_EXIT_REASON_UNSPECIFIED }), "reason: "},
+		{"a stop command with a negative grace period is rejected", with(validStopRental(), func(m *StopRental) { m.GracePeriod = durationpb.New(-time.Second) }), "grace_period: -1s is negative"},
+		{"a drain without a deadline is rejected", with(validDrainNode(), func(m *DrainNode) { m.Deadline = nil }), "deadline: missing"},
 		{"a spot price without a model is rejected", with(validSpotPriceChanged(), func(m *SpotPriceChanged) { m.Model = "" }), "model: missing"},
 		{"a spot price for a wildcard zone is rejected", with(validSpotPriceChanged(), func(m *SpotPriceChanged) { m.Zone = "*" }), "zone: \"*\" contains \"*\""},
 		{"a negative spot price is rejected", with(validSpotPriceChanged(), func(m *SpotPriceChanged) { m.PricePerGpuHour.Micros = -5 }), "price_per_gpu_hour.micros: -5 is negative"},
