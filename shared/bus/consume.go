@@ -144,14 +144,15 @@ func (o ConsumeOptions) RetryDelay(n uint64) time.Duration {
 
 // Subscription is a running consumer; Drain stops it gracefully.
 type Subscription struct {
-	cc       jetstream.ConsumeContext
-	inflight sync.WaitGroup
-	sem      chan struct{}
+	cc      jetstream.ConsumeContext
+	queue   chan jetstream.Msg
+	workers sync.WaitGroup
+	once    sync.Once
 }
 
 // Consume ensures the durable consumer spec and starts handling its
-// deliveries with router. Several replicas consuming the same durable share
-// the work.
+// deliveries with router on opts.Concurrency workers. Several replicas
+// consuming the same durable share the work.
 func (c *Conn) Consume(ctx context.Context, spec Consumer, router *Router, opts ConsumeOptions) (*Subscription, error) {
 	cons, err := c.EnsureConsumer(ctx, spec)
 	if err != nil {
@@ -161,25 +162,36 @@ func (c *Conn) Consume(ctx context.Context, spec Consumer, router *Router, opts 
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = 1
 	}
-	s := &Subscription{sem: make(chan struct{}, opts.Concurrency)}
-	w := &worker{c: c, spec: spec, router: router, opts: opts, attrs: metric.WithAttributes(attrConsumer.String(spec.Durable))}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		s.sem <- struct{}{}
-		s.inflight.Add(1)
+	s := &Subscription{queue: make(chan jetstream.Msg)}
+	w := &worker{c: c, spec: spec, router: router, opts: opts}
+	// Handlers run detached from the caller's ctx so a shutdown lets
+	// in-flight work finish; Drain bounds the wait.
+	hctx := context.WithoutCancel(ctx)
+	for range opts.Concurrency {
+		s.workers.Add(1)
 		go func() {
-			defer func() { <-s.sem; s.inflight.Done() }()
-			// Handlers run detached from the caller's ctx so a shutdown
-			// lets in-flight work finish; Drain bounds the wait.
-			w.handle(context.WithoutCancel(ctx), m)
+			defer s.workers.Done()
+			for m := range s.queue {
+				w.handle(hctx, m)
+			}
 		}()
-	}, jetstream.PullMaxMessages(max(64, 4*opts.Concurrency)), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		c.log.Warn("consume error", "consumer", spec.Durable, "err", err)
-	}))
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) { s.queue <- m },
+		jetstream.PullMaxMessages(max(64, 4*opts.Concurrency)),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			c.log.Warn("consume error", "consumer", spec.Durable, "err", err)
+		}))
 	if err != nil {
+		s.stopWorkers()
 		return nil, fmt.Errorf("consume %s: %w", spec.Durable, err)
 	}
 	s.cc = cc
 	return s, nil
+}
+
+func (s *Subscription) stopWorkers() {
+	s.once.Do(func() { close(s.queue) })
+	s.workers.Wait()
 }
 
 // Drain stops pulling, lets buffered and in-flight deliveries finish and
@@ -188,8 +200,8 @@ func (s *Subscription) Drain(ctx context.Context) error {
 	s.cc.Drain()
 	done := make(chan struct{})
 	go func() {
-		<-s.cc.Closed()
-		s.inflight.Wait()
+		<-s.cc.Closed() // no more callbacks: safe to close the queue
+		s.stopWorkers()
 		close(done)
 	}()
 	select {
@@ -206,7 +218,6 @@ type worker struct {
 	spec   Consumer
 	router *Router
 	opts   ConsumeOptions
-	attrs  metric.MeasurementOption
 }
 
 func (w *worker) handle(ctx context.Context, m jetstream.Msg) {
