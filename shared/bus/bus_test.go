@@ -15,6 +15,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
@@ -503,3 +504,51 @@ func TestTopologyProvisionsR3StreamsOnACluster(t *testing.T) {
 
 // testNATS starts a server for benchmarks and tests alike.
 func testNATS(tb testing.TB) *testkit.NATS { return testkit.StartNATS(tb) }
+
+func TestDeliveriesThatNeverGetAnAnswerAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	_, c := setup(t, bus.Instruments{})
+	// A handler that hangs past the ack wait on every delivery, as a
+	// deadlocked or dying process would: the server gives up after
+	// MaxDeliver and says so only in an advisory.
+	release := make(chan struct{})
+	var calls atomic.Int32
+	r := bus.NewRouter()
+	bus.On(r, func(context.Context, *shizuv1.RentalRequested, bus.Delivery) error {
+		calls.Add(1)
+		<-release
+		return nil
+	})
+	spec := bus.Consumer{Stream: topology.StreamRentals, Durable: "hung",
+		FilterSubjects: []string{subject.RentalRequestedAll}, MaxDeliver: 2, AckWait: 300 * time.Millisecond}
+	sub, err := c.Consume(t.Context(), spec, r, bus.ConsumeOptions{Concurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = sub.Drain(ctx)
+	}()
+	defer close(release) // runs first: the hung handlers return, then Drain
+	if _, err := c.Publish(t.Context(), requestedSubject, rentalRequested("h-1", "r-1")); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 15*time.Second, func() error {
+		if n := len(deadLetters(t, c)); n != 1 {
+			return fmt.Errorf("%d dead letters (handler called %d times)", n, calls.Load())
+		}
+		return nil
+	})
+	dl := deadLetters(t, c)[0]
+	if got := dl.Headers().Get(bus.HeaderDLQReason); !strings.Contains(got, "without an answer") {
+		t.Fatalf("reason %q", got)
+	}
+	if dl.Headers().Get(bus.HeaderDLQSubject) != requestedSubject || dl.Headers().Get(bus.HeaderEvent) != "shizu.v1.RentalRequested" {
+		t.Fatalf("dead letter lost the original subject or event name: %v", dl.Headers())
+	}
+	var ev shizuv1.RentalRequested
+	if err := proto.Unmarshal(dl.Data(), &ev); err != nil || ev.GetRentalId() != "r-1" {
+		t.Fatalf("dead letter payload: %v %v", err, ev.GetRentalId())
+	}
+}

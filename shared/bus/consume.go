@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -145,6 +146,7 @@ func (o ConsumeOptions) RetryDelay(n uint64) time.Duration {
 // Subscription is a running consumer; Drain stops it gracefully.
 type Subscription struct {
 	cc      jetstream.ConsumeContext
+	fwd     *Subscription // forwards exhausted deliveries to the dead letters
 	queue   chan jetstream.Msg
 	workers sync.WaitGroup
 	once    sync.Once
@@ -152,8 +154,14 @@ type Subscription struct {
 
 // Consume ensures the durable consumer spec and starts handling its
 // deliveries with router on opts.Concurrency workers. Several replicas
-// consuming the same durable share the work.
+// consuming the same durable share the work. It also forwards deliveries
+// the server gave up on (see forwardExhausted) when the ADVISORIES stream
+// exists.
 func (c *Conn) Consume(ctx context.Context, spec Consumer, router *Router, opts ConsumeOptions) (*Subscription, error) {
+	return c.consume(ctx, spec, router, opts, true)
+}
+
+func (c *Conn) consume(ctx context.Context, spec Consumer, router *Router, opts ConsumeOptions, forward bool) (*Subscription, error) {
 	cons, err := c.EnsureConsumer(ctx, spec)
 	if err != nil {
 		return nil, err
@@ -186,6 +194,16 @@ func (c *Conn) Consume(ctx context.Context, spec Consumer, router *Router, opts 
 		return nil, fmt.Errorf("consume %s: %w", spec.Durable, err)
 	}
 	s.cc = cc
+	if forward {
+		s.fwd, err = c.forwardExhausted(ctx, spec)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			c.log.Warn("deliveries the server gives up on will not be dead-lettered: stream missing; run shizu provision",
+				"consumer", spec.Durable, "stream", AdvisoryStream)
+		} else if err != nil {
+			_ = s.Drain(ctx)
+			return nil, fmt.Errorf("consume %s: %w", spec.Durable, err)
+		}
+	}
 	return s, nil
 }
 
@@ -197,6 +215,10 @@ func (s *Subscription) stopWorkers() {
 // Drain stops pulling, lets buffered and in-flight deliveries finish and
 // be acknowledged, and returns when all are done or ctx ends.
 func (s *Subscription) Drain(ctx context.Context) error {
+	var fwdErr error
+	if s.fwd != nil {
+		fwdErr = s.fwd.Drain(ctx)
+	}
 	s.cc.Drain()
 	done := make(chan struct{})
 	go func() {
@@ -206,7 +228,7 @@ func (s *Subscription) Drain(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
-		return nil
+		return fwdErr
 	case <-ctx.Done():
 		s.cc.Stop()
 		return fmt.Errorf("drain: %w", ctx.Err())

@@ -92,10 +92,15 @@ const (
 	SpotPriceChanged    = "spot.%s.%s.price"
 )
 
-// Dead letters: dlq.<stream>.<consumer>.
+// Dead letters: dlq.<stream>.<consumer>. The server's advisory that a
+// consumer gave up on a message (max deliveries without an ack) is captured
+// too, so such a message reaches the dead letters even when the process
+// handling its last delivery died.
 const (
-	DeadLetterAll = "dlq.>"
-	DeadLetter    = "dlq.%s.%s"
+	DeadLetterAll            = "dlq.>"
+	DeadLetter               = "dlq.%s.%s"
+	MaxDeliveriesAdvisoryAll = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>"
+	MaxDeliveriesAdvisory    = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.%s.%s"
 )
 
 // Token checks that s can stand as one subject token: non-empty, at most

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/subject"
 )
 
@@ -29,7 +30,16 @@ func (s Service) Permissions() Permissions {
 	durables = append(durables, s.ConsumerPrefixes...)
 	for _, d := range durables {
 		streams[d.Stream] = true
+		streams[StreamAdvisories] = true
+		exhausted := bus.ExhaustedDurable(d.Durable)
 		pub = append(pub,
+			// The forwarder of its exhausted deliveries (bus.Consume starts it).
+			fmt.Sprintf("$JS.API.CONSUMER.CREATE.%s.%s", StreamAdvisories, exhausted),
+			fmt.Sprintf("$JS.API.CONSUMER.CREATE.%s.%s.>", StreamAdvisories, exhausted),
+			fmt.Sprintf("$JS.API.CONSUMER.INFO.%s.%s", StreamAdvisories, exhausted),
+			fmt.Sprintf("$JS.API.CONSUMER.MSG.NEXT.%s.%s", StreamAdvisories, exhausted),
+			fmt.Sprintf("$JS.ACK.%s.%s.>", StreamAdvisories, exhausted),
+			fmt.Sprintf("$JS.API.STREAM.MSG.GET.%s", d.Stream),
 			fmt.Sprintf("$JS.API.CONSUMER.CREATE.%s.%s", d.Stream, d.Durable),
 			fmt.Sprintf("$JS.API.CONSUMER.CREATE.%s.%s.>", d.Stream, d.Durable),
 			fmt.Sprintf("$JS.API.CONSUMER.DURABLE.CREATE.%s.%s", d.Stream, d.Durable),

@@ -24,6 +24,8 @@ const (
 	StreamBilling    = "BILLING"
 	StreamMarket     = "MARKET"
 	StreamDeadLetter = "DEADLETTER"
+	// StreamAdvisories captures the server's max-deliveries advisories.
+	StreamAdvisories = bus.AdvisoryStream
 	// HeartbeatBucket is the KV bucket of node heartbeats (stream KV_HEARTBEATS).
 	HeartbeatBucket = "HEARTBEATS"
 )
@@ -60,6 +62,8 @@ func Streams(replicas int) []bus.Stream {
 			Subjects: []string{subject.SpotPriceChangedAll}, Duplicates: DuplicateWindow, Replicas: replicas},
 		{Name: StreamDeadLetter, Description: "messages a consumer could not process, with the reason in headers",
 			Subjects: []string{subject.DeadLetterAll}, Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamAdvisories, Description: "the server's notices that a consumer gave up on a message; forwarded to DEADLETTER",
+			Subjects: []string{subject.MaxDeliveriesAdvisoryAll}, MaxAge: 7 * day, Replicas: replicas},
 	}
 }
 

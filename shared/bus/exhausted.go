@@ -1,0 +1,99 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/subject"
+)
+
+// AdvisoryStream is the stream that must capture
+// subject.MaxDeliveriesAdvisoryAll for exhausted deliveries to be
+// dead-lettered (topology declares it).
+const AdvisoryStream = "ADVISORIES"
+
+// ExhaustedDurable names the consumer that forwards the exhausted
+// deliveries of durable to the dead letters.
+func ExhaustedDurable(durable string) string { return durable + "-exhausted" }
+
+// maxDeliveriesAdvisory is the server's io.nats.jetstream.advisory.v1.max_deliver.
+type maxDeliveriesAdvisory struct {
+	Stream     string `json:"stream"`
+	Consumer   string `json:"consumer"`
+	StreamSeq  uint64 `json:"stream_seq"`
+	Deliveries uint64 `json:"deliveries"`
+}
+
+// forwardExhausted starts a consumer of the server's max-deliveries
+// advisories for spec's durable. A handler that fails on the last delivery
+// dead-letters the message itself; this catches the rest: deliveries whose
+// ack wait ran out every time (a hung handler, a process that died), which
+// the server drops with only an advisory. The copy has the same message id
+// as a handler's dead letter, so the two paths never store it twice.
+func (c *Conn) forwardExhausted(ctx context.Context, spec Consumer) (*Subscription, error) {
+	filter, err := subject.Format(subject.MaxDeliveriesAdvisory, spec.Stream, spec.Durable)
+	if err != nil {
+		return nil, err
+	}
+	r := NewRouter()
+	const event = "io.nats.jetstream.advisory.v1.max_deliver"
+	r.EventForSubject(filter, event)
+	r.Handle(event, func(ctx context.Context, d Delivery) error {
+		var adv maxDeliveriesAdvisory
+		if err := json.Unmarshal(d.Data, &adv); err != nil {
+			return fault.Invalid("decode max-deliveries advisory: %v", err)
+		}
+		return c.deadLetterExhausted(ctx, spec, adv)
+	})
+	fwd := Consumer{Stream: AdvisoryStream, Durable: ExhaustedDurable(spec.Durable), FilterSubjects: []string{filter}, MaxDeliver: 10}
+	return c.consume(ctx, fwd, r, ConsumeOptions{}, false)
+}
+
+func (c *Conn) deadLetterExhausted(ctx context.Context, spec Consumer, adv maxDeliveriesAdvisory) error {
+	reason := fmt.Sprintf("max deliveries (%d) reached without an answer from a handler (ack wait %s expired each time)",
+		adv.Deliveries, spec.withDefaults().AckWait)
+	cp := nats.NewMsg("")
+	st, err := c.js.Stream(ctx, adv.Stream)
+	if err != nil {
+		return err
+	}
+	orig, err := st.GetMsg(ctx, adv.StreamSeq)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		reason += "; the message itself is no longer in the stream"
+	case err != nil:
+		return err
+	default:
+		cp.Data = orig.Data
+		for k, vs := range orig.Header {
+			for _, v := range vs {
+				cp.Header.Add(k, v)
+			}
+		}
+		cp.Header.Set(HeaderDLQSubject, orig.Subject)
+	}
+	dlqSubject, err := subject.Format(subject.DeadLetter, adv.Stream, spec.Durable)
+	if err != nil {
+		return fault.Invalid("dead-letter subject: %v", err)
+	}
+	cp.Subject = dlqSubject
+	cp.Header.Set(HeaderMsgID, fmt.Sprintf("dlq:%s:%s:%d", adv.Stream, spec.Durable, adv.StreamSeq))
+	cp.Header.Set(HeaderDLQReason, reason)
+	cp.Header.Set(HeaderDLQStream, adv.Stream)
+	cp.Header.Set(HeaderDLQStreamSeq, strconv.FormatUint(adv.StreamSeq, 10))
+	cp.Header.Set(HeaderDLQConsumer, spec.Durable)
+	cp.Header.Set(HeaderDLQDeliveries, strconv.FormatUint(adv.Deliveries, 10))
+	if _, err := c.PublishMsg(ctx, cp); err != nil {
+		return err
+	}
+	c.log.WarnContext(ctx, "message dead-lettered after exhausting its deliveries", "consumer", spec.Durable,
+		"stream", adv.Stream, "stream_seq", adv.StreamSeq, "deliveries", adv.Deliveries)
+	return nil
+}
