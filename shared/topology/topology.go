@@ -136,20 +136,28 @@ func Services() []Service {
 			Name:      Metering,
 			Publishes: []string{subject.UsageRecordedAll, subject.InvoiceClosedAll},
 			Consumers: []bus.Consumer{
+				// RentalScheduled carries the spec, model and zone a rental is
+				// priced by; started/stopped carry the billing times.
 				{Stream: StreamRentals, Durable: "metering",
-					FilterSubjects: []string{subject.RentalStartedAll, subject.RentalStoppedAll, subject.RentalPreemptedAll,
-						subject.RentalMigratingAll, subject.RentalMigratedAll}},
+					FilterSubjects: []string{subject.RentalScheduledAll, subject.RentalStartedAll, subject.RentalStoppedAll,
+						subject.RentalPreemptedAll, subject.RentalMigratingAll, subject.RentalMigratedAll}},
 				{Stream: StreamMarket, Durable: "metering-spot", FilterSubjects: []string{subject.SpotPriceChangedAll}},
+				// Metering's own usage records, folded into the Redis aggregates.
+				{Stream: StreamBilling, Durable: "metering-usage", FilterSubjects: []string{subject.UsageRecordedAll}},
 			},
 		},
 		{
 			Name: Autoscaler,
+			// Pools grow and shrink by requesting and cancelling rentals.
 			Publishes: []string{subject.ScaleDecidedAll, subject.ScaleProvisionRequestedAll,
-				subject.ScaleReleaseRequestedAll, subject.AgentCmdAll},
+				subject.ScaleReleaseRequestedAll, subject.AgentCmdAll,
+				subject.RentalRequestedAll, subject.RentalCancelRequestedAll},
 			Consumers: []bus.Consumer{
 				{Stream: StreamTraffic, Durable: "autoscaler-traffic", FilterSubjects: []string{subject.TrafficSampleAll}},
 				{Stream: StreamScaling, Durable: "autoscaler-shortage", FilterSubjects: []string{subject.CapacityShortage}},
 				{Stream: StreamTelemetry, Durable: "autoscaler-telemetry", FilterSubjects: []string{subject.NodeTelemetryAll}, NewOnly: true},
+				// A pool forgets replicas that were rejected or whose workload ended.
+				{Stream: StreamRentals, Durable: "autoscaler-rentals", FilterSubjects: []string{subject.RentalRejectedAll, subject.RentalStoppedAll}},
 			},
 		},
 		{
@@ -166,7 +174,10 @@ func Services() []Service {
 			Name: NodeAgent,
 			Publishes: []string{subject.NodeRegisteredAll, subject.NodeTelemetryAll, subject.NodeHealthAll,
 				subject.NodeInterruptionAll, subject.NodeDrainedAll, subject.RentalStartedAll, subject.RentalStoppedAll},
-			ConsumerPrefixes: []StreamConsumer{{Stream: StreamAgentCmds, Durable: "*"}},
+			// One agent-<node> durable per node, and (bus.Consume starts
+			// it) its agent-<node>-exhausted forwarder on ADVISORIES: a
+			// "*-exhausted" durable would not be a NATS wildcard.
+			ConsumerPrefixes: []StreamConsumer{{Stream: StreamAgentCmds, Durable: "*"}, {Stream: StreamAdvisories, Durable: "*"}},
 			Heartbeats:       WritesHeartbeats,
 		},
 	}

@@ -1,12 +1,31 @@
-// Package app wires the autoscaler service to the bus and Redis and runs it.
-// Its decisions live in packages beside it that import neither NATS nor
-// Redis.
+// Package app wires the autoscaler service to the bus, Redis and a node
+// provider, and runs it. Its decisions live in packages beside it that
+// import neither NATS nor Redis: policy (pools), fleet (nodes), and the
+// provider interface.
+//
+// Consumes: traffic.<pool>.sample (pool decisions), scale.fleet.shortage
+// (provisioning), node.<node>.telemetry (which nodes work),
+// rental.<tenant>.rejected and .stopped (pool replicas lost). Publishes:
+// scale.<pool>.decided with the rule and metric, rental.<tenant>.requested
+// and .cancel_requested for pool replicas, scale.fleet.provision_requested
+// and .release_requested, and agent.<node>.cmd.drain before a release.
+// Stores: per-pool state in Redis (<prefix>:autoscaler:pool:{<pool>}); reads
+// the capacity store to see which nodes hold rentals.
 package app
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
 
+	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
+	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
+	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -14,24 +33,249 @@ import (
 // Config is the autoscaler's configuration.
 type Config struct {
 	Service service.Config
+	// PolicyFile is the pools and fleet policy (JSON); empty means no
+	// pools and no provisioning.
+	PolicyFile string
+	// Tick is how often pools (pre-warm, scale-to-zero) and the fleet
+	// (drain, release) are re-evaluated without an event.
+	Tick time.Duration
+	// NodeAgentBinary enables the local provider: provisioned nodes are
+	// simulated node-agents started from this executable.
+	NodeAgentBinary string
+	// AgentNATSPassword is the node-agent user's password handed to the
+	// agents the local provider starts.
+	AgentNATSPassword string
+	// SpotCapacity bounds the local provider's spot nodes (-1 unlimited).
+	SpotCapacity int
+	// KeyPrefix starts the autoscaler's Redis keys (default "shizu").
+	KeyPrefix string
 }
 
 // DefaultConfig is the configuration on a developer machine.
 func DefaultConfig() Config {
-	return Config{Service: service.Defaults(topology.Autoscaler)}
+	return Config{Service: service.Defaults(topology.Autoscaler), Tick: 5 * time.Second, SpotCapacity: -1, KeyPrefix: "shizu"}
 }
 
-// RegisterFlags binds the autoscaler's own flags (the common ones are bound by
-// service.Main).
-func (c *Config) RegisterFlags(*flag.FlagSet) {}
+// RegisterFlags binds the autoscaler's own flags, with defaults from
+// SHIZU_AUTOSCALER_* variables.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	if v, ok := os.LookupEnv("SHIZU_AUTOSCALER_POLICY"); ok {
+		c.PolicyFile = v
+	}
+	if v, ok := os.LookupEnv("SHIZU_AUTOSCALER_NODE_AGENT"); ok {
+		c.NodeAgentBinary = v
+	}
+	if v, ok := os.LookupEnv("SHIZU_NODE_AGENT_NATS_PASSWORD"); ok {
+		c.AgentNATSPassword = v
+	}
+	if v, ok := os.LookupEnv("SHIZU_AUTOSCALER_SPOT_CAPACITY"); ok {
+		if n, err := strconv.Atoi(v); err == nil {
+			c.SpotCapacity = n
+		}
+	}
+	fs.StringVar(&c.PolicyFile, "policy", c.PolicyFile, "pools and fleet policy file (JSON) [SHIZU_AUTOSCALER_POLICY]")
+	fs.DurationVar(&c.Tick, "tick", c.Tick, "how often pools and the fleet are re-evaluated without an event")
+	fs.StringVar(&c.NodeAgentBinary, "node-agent", c.NodeAgentBinary, "node-agent executable for the local provider; empty disables provisioning [SHIZU_AUTOSCALER_NODE_AGENT]")
+	fs.IntVar(&c.SpotCapacity, "spot-capacity", c.SpotCapacity, "spot nodes the local provider can supply at once, -1 unlimited [SHIZU_AUTOSCALER_SPOT_CAPACITY]")
+}
 
-// Validate reports every problem in the configuration.
-func (c Config) Validate() error { return c.Service.Validate() }
+// Validate reports every problem in the configuration, including the
+// policy file's.
+func (c Config) Validate() error {
+	var errs []error
+	if err := c.Service.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Tick <= 0 {
+		errs = append(errs, fmt.Errorf("autoscaler.tick: %s must be positive", c.Tick))
+	}
+	if c.Service.RedisURL == "" {
+		errs = append(errs, errors.New("redis.url: the autoscaler keeps pool state in Redis; required"))
+	}
+	if c.PolicyFile != "" {
+		if _, err := loadPolicy(c.PolicyFile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
 
-// Run runs the autoscaler until ctx ends: it connects with its own NATS user,
-// ensures the durable consumers the topology declares for it, and reports
-// ready on /readyz.
-func Run(ctx context.Context, cfg Config) error {
+func loadPolicy(path string) (policy.File, error) {
+	if path == "" {
+		return policy.File{}, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return policy.File{}, fmt.Errorf("autoscaler.policy: %w", err)
+	}
+	f, err := policy.Parse(data)
+	if err != nil {
+		return policy.File{}, fmt.Errorf("autoscaler.policy %s:\n%w", path, err)
+	}
+	return f, nil
+}
+
+// Deps are what an embedding process (tests, `shizu dev`) may inject.
+type Deps struct {
+	// Provider replaces the local provider built from the config.
+	Provider provider.Provider
+	// Policy replaces the policy file.
+	Policy *policy.File
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Run runs the autoscaler until ctx ends.
+func Run(ctx context.Context, cfg Config) error { return RunWith(ctx, cfg, Deps{}) }
+
+// RunWith runs the autoscaler with injected dependencies: it consumes
+// traffic samples, capacity shortages and telemetry, and ticks pools and
+// the fleet every cfg.Tick.
+func RunWith(ctx context.Context, cfg Config, deps Deps) error {
+	var file policy.File
+	if deps.Policy != nil {
+		file = *deps.Policy
+		if err := file.Validate(); err != nil {
+			return fmt.Errorf("autoscaler policy:\n%w", err)
+		}
+	} else {
+		var err error
+		if file, err = loadPolicy(cfg.PolicyFile); err != nil {
+			return err
+		}
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = "shizu"
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = DefaultConfig().Tick
+	}
 	svc, _ := topology.ServiceNamed(topology.Autoscaler)
-	return service.Run(ctx, cfg.Service, service.DeclaredConsumers(svc.Consumers...))
+	return service.Run(ctx, cfg.Service, func(ctx context.Context, rt *service.Runtime) ([]service.Part, error) {
+		if rt.Redis == nil {
+			return nil, errors.New("autoscaler: redis.url is required")
+		}
+		caps, err := capacity.New(rt.Redis)
+		if err != nil {
+			return nil, err
+		}
+		m, err := newMetrics(rt.Telemetry.MeterProvider())
+		if err != nil {
+			return nil, err
+		}
+		prov := deps.Provider
+		var parts []service.Part
+		if prov == nil && cfg.NodeAgentBinary != "" {
+			local, err := newLocalProvider(cfg, file)
+			if err != nil {
+				return nil, err
+			}
+			prov = local
+			parts = append(parts, stopFunc(local.Close))
+		}
+		s := &scaler{pub: rt.Bus, states: stateStore{rdb: rt.Redis, prefix: cfg.KeyPrefix}, caps: caps, prov: prov,
+			file: file, pools: map[string]policy.Pool{}, now: deps.Now, log: rt.Log, m: m,
+			idle: map[string]time.Time{}, busyAt: map[string]time.Time{}, covered: map[string]time.Time{}}
+		for _, p := range file.Pools {
+			s.pools[p.ID] = p
+		}
+		routers := map[string]*bus.Router{}
+		traffic := bus.NewRouter()
+		bus.On(traffic, s.onSample)
+		routers["autoscaler-traffic"] = traffic
+		shortage := bus.NewRouter()
+		bus.On(shortage, s.onShortage)
+		routers["autoscaler-shortage"] = shortage
+		telemetry := bus.NewRouter()
+		bus.On(telemetry, s.onTelemetry)
+		routers["autoscaler-telemetry"] = telemetry
+		rentals := bus.NewRouter()
+		bus.On(rentals, s.onRentalRejected)
+		bus.On(rentals, s.onRentalStopped)
+		routers["autoscaler-rentals"] = rentals
+		if err := service.EnsureConsumers(ctx, rt, svc.Consumers...); err != nil {
+			return parts, err
+		}
+		for _, c := range svc.Consumers {
+			r, ok := routers[c.Durable]
+			if !ok {
+				return parts, fmt.Errorf("autoscaler: no handler for declared consumer %s", c.Durable)
+			}
+			sub, err := rt.Bus.Consume(ctx, c, r, bus.ConsumeOptions{})
+			if err != nil {
+				return parts, err
+			}
+			parts = append(parts, service.Subscription{Subscription: sub})
+		}
+		parts = append(parts, startLoop(ctx, cfg.Tick, func(ctx context.Context) {
+			now := s.now()
+			s.tickPools(ctx, now)
+			if err := s.tickFleet(ctx, now); err != nil {
+				s.log.WarnContext(ctx, "fleet tick failed", "err", err)
+			}
+		}))
+		return parts, nil
+	})
+}
+
+func newLocalProvider(cfg Config, file policy.File) (*provider.Local, error) {
+	profiles := map[string]string{}
+	for _, t := range file.Fleet.InstanceTypes {
+		profiles[t.Name] = t.Profile
+	}
+	return provider.NewLocal(provider.LocalConfig{
+		Binary:   cfg.NodeAgentBinary,
+		Profiles: profiles,
+		Env: map[string]string{
+			"SHIZU_NATS_URL": cfg.Service.NATS.URL, "SHIZU_NATS_USER": topology.NodeAgent,
+			"SHIZU_NATS_PASSWORD": cfg.AgentNATSPassword, "SHIZU_REDIS_URL": cfg.Service.RedisURL,
+			// Agents listen for health on a port of their own choosing.
+			"SHIZU_HTTP_ADDR": "127.0.0.1:0",
+		},
+		SpotCapacity: cfg.SpotCapacity,
+		Output:       os.Stderr,
+	})
+}
+
+// stopFunc adapts a function to a service.Part.
+type stopFunc func(ctx context.Context) error
+
+func (f stopFunc) Stop(ctx context.Context) error { return f(ctx) }
+
+// loop runs a function every period until stopped.
+type loop struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startLoop(ctx context.Context, every time.Duration, fn func(context.Context)) *loop {
+	ctx, cancel := context.WithCancel(ctx)
+	l := &loop{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				fn(ctx)
+			}
+		}
+	}()
+	return l
+}
+
+func (l *loop) Stop(ctx context.Context) error {
+	l.cancel()
+	select {
+	case <-l.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

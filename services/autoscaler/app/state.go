@@ -1,0 +1,96 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
+	"github.com/shizu-gpu/shizu/shared/fault"
+)
+
+// poolRecord is what the autoscaler keeps per pool in Redis: the policy
+// state and the pool's rentals, oldest first. Scale-in cancels the newest.
+type poolRecord struct {
+	State   policy.State `json:"state"`
+	Seq     int          `json:"seq"`
+	Rentals []poolRental `json:"rentals"`
+}
+
+type poolRental struct {
+	ID     string        `json:"id"`
+	Seq    int           `json:"seq"`
+	Market policy.Market `json:"market"`
+}
+
+// stateStore keeps pool records in Redis and updates them with optimistic
+// concurrency (WATCH/MULTI), so replicas of the autoscaler sharing the
+// traffic consumer never lose each other's updates.
+type stateStore struct {
+	rdb    *redis.Client
+	prefix string
+}
+
+func (s stateStore) key(pool string) string { return s.prefix + ":autoscaler:pool:{" + pool + "}" }
+
+// errNoChange tells update that fn changed nothing worth writing.
+var errNoChange = errors.New("no change")
+
+// update runs fn on the pool's record and writes the result if no one else
+// wrote it in between; on a conflict it runs fn again on the new record.
+func (s stateStore) update(ctx context.Context, pool string, fn func(*poolRecord) error) error {
+	key := s.key(pool)
+	for range 20 {
+		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+			rec, err := s.read(ctx, tx, key)
+			if err != nil {
+				return err
+			}
+			if err := fn(&rec); err != nil {
+				return err
+			}
+			data, err := json.Marshal(rec)
+			if err != nil {
+				return err
+			}
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.Set(ctx, key, data, 0)
+				return nil
+			})
+			return err
+		}, key)
+		switch {
+		case errors.Is(err, errNoChange):
+			return nil
+		case errors.Is(err, redis.TxFailedErr):
+			continue
+		case err != nil:
+			return err
+		}
+		return nil
+	}
+	return fault.Unavailable("pool %s: state kept changing under 20 attempts", pool)
+}
+
+func (s stateStore) read(ctx context.Context, c redis.Cmdable, key string) (poolRecord, error) {
+	var rec poolRecord
+	raw, err := c.Get(ctx, key).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return rec, nil
+	}
+	if err != nil {
+		return rec, fault.Unavailable("read %s: %v", key, err)
+	}
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return rec, fmt.Errorf("decode %s: %w", key, err)
+	}
+	return rec, nil
+}
+
+// get reads a pool's record.
+func (s stateStore) get(ctx context.Context, pool string) (poolRecord, error) {
+	return s.read(ctx, s.rdb, s.key(pool))
+}

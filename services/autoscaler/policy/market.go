@@ -1,0 +1,85 @@
+package policy
+
+import (
+	"fmt"
+	"time"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+)
+
+// Market is where a replica (or node) is bought.
+type Market string
+
+// Markets.
+const (
+	OnDemand Market = "on-demand"
+	Spot     Market = "spot"
+)
+
+// Market rule names.
+const (
+	RuleMarketDefault  = "market:on-demand-default"
+	RuleMarketSpotTime = "market:spot-window"
+	RuleMarketDayTime  = "market:on-demand-window"
+	RuleSpotFallback   = "market:spot-short-fallback"
+)
+
+// Plan is the rental plan of a replica bought on m.
+func (m Market) Plan() shizuv1.Plan {
+	if m == Spot {
+		return shizuv1.Plan_PLAN_SPOT
+	}
+	return shizuv1.Plan_PLAN_ON_DEMAND
+}
+
+// Proto is m as the event contract's Market.
+func (m Market) Proto() shizuv1.Market {
+	if m == Spot {
+		return shizuv1.Market_MARKET_SPOT
+	}
+	return shizuv1.Market_MARKET_ON_DEMAND
+}
+
+// ChooseMarket picks the market of new replicas at now: on-demand without a
+// mix; spot inside the mix's local spot window unless spot was reported
+// short (until spotShortUntil), in which case on-demand.
+func ChooseMarket(mix *MarketMix, now time.Time, spotShortUntil time.Time) (Market, string) {
+	if mix == nil {
+		return OnDemand, RuleMarketDefault
+	}
+	loc, err := time.LoadLocation(mix.Timezone)
+	if err != nil {
+		loc = time.UTC // Validate refuses such a mix; stay safe anyway.
+	}
+	from, _ := parseClock(mix.SpotFrom)
+	to, _ := parseClock(mix.SpotTo)
+	local := now.In(loc)
+	m := local.Hour()*60 + local.Minute()
+	inSpot := from < to && m >= from && m < to || from > to && (m >= from || m < to)
+	if !inSpot {
+		return OnDemand, RuleMarketDayTime
+	}
+	if now.Before(spotShortUntil) {
+		return OnDemand, RuleSpotFallback
+	}
+	return Spot, RuleMarketSpotTime
+}
+
+// MarkSpotShort records that spot capacity was short at now: new replicas
+// go on-demand for the mix's fallback hold.
+func MarkSpotShort(p Pool, st State, now time.Time) State {
+	hold := 10 * time.Minute
+	if p.MarketMix != nil {
+		hold = p.MarketMix.FallbackHold.D()
+	}
+	if until := now.Add(hold); until.After(st.SpotShortUntil) {
+		st.SpotShortUntil = until
+	}
+	return st
+}
+
+// String describes the market choice.
+func (d Decision) String() string {
+	return fmt.Sprintf("%s: %d -> %d by %s (%s %.2f vs %.2f): %s; new replicas on %s (%s)",
+		d.Pool, d.From, d.To, d.Rule, d.Metric, d.Observed, d.Threshold, d.Reason, d.Market, d.MarketRule)
+}
