@@ -196,6 +196,7 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer) error {
 	sched.Service, meter.Service, scale.Service, fail.Service, agent.Service =
 		base(topology.Scheduler), base(topology.Metering), base(topology.Autoscaler), base(topology.Failover), base(topology.NodeAgent)
 	agent.NodeID, agent.Simulate = o.nodeID, o.simulate
+	agent.StateDir = filepath.Join(dataDir, "node-agent") // workload records and logs
 	units := []unit{
 		{topology.Scheduler, sched.Service, func(ctx context.Context) error { return scheduler.Run(ctx, sched) }},
 		{topology.Metering, meter.Service, func(ctx context.Context) error { return metering.Run(ctx, meter) }},

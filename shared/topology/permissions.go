@@ -32,6 +32,9 @@ func (s Service) Permissions() Permissions {
 		streams[d.Stream] = true
 		streams[StreamAdvisories] = true
 		exhausted := bus.ExhaustedDurable(d.Durable)
+		if d.Durable == "*" {
+			exhausted = "*" // one durable per instance: "*-exhausted" would not be a wildcard
+		}
 		pub = append(pub,
 			// The forwarder of its exhausted deliveries (bus.Consume starts it).
 			fmt.Sprintf("$JS.API.CONSUMER.CREATE.%s.%s", StreamAdvisories, exhausted),

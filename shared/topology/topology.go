@@ -174,10 +174,9 @@ func Services() []Service {
 			Name: NodeAgent,
 			Publishes: []string{subject.NodeRegisteredAll, subject.NodeTelemetryAll, subject.NodeHealthAll,
 				subject.NodeInterruptionAll, subject.NodeDrainedAll, subject.RentalStartedAll, subject.RentalStoppedAll},
-			// One agent-<node> durable per node, and (bus.Consume starts
-			// it) its agent-<node>-exhausted forwarder on ADVISORIES: a
-			// "*-exhausted" durable would not be a NATS wildcard.
-			ConsumerPrefixes: []StreamConsumer{{Stream: StreamAgentCmds, Durable: "*"}, {Stream: StreamAdvisories, Durable: "*"}},
+			// One agent-<node> durable per node (and its forwarder of
+			// exhausted deliveries, which Permissions derives).
+			ConsumerPrefixes: []StreamConsumer{{Stream: StreamAgentCmds, Durable: "*"}},
 			Heartbeats:       WritesHeartbeats,
 		},
 	}

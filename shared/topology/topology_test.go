@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -107,4 +108,21 @@ func TestServicePermissionsAreLeastPrivilege(t *testing.T) {
 	if got := topology.PasswordVar("node-agent"); got != "SHIZU_NODE_AGENT_NATS_PASSWORD" {
 		t.Errorf("PasswordVar = %s", got)
 	}
+}
+
+func TestPerInstanceDurablesMayRunTheirExhaustedForwarder(t *testing.T) {
+	t.Parallel()
+	agent, _ := topology.ServiceNamed(topology.NodeAgent)
+	p := agent.Permissions()
+	cmds, err := topology.AgentCommands("n7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "$JS.API.CONSUMER.MSG.NEXT." + topology.StreamAdvisories + "." + bus.ExhaustedDurable(cmds.Durable)
+	for _, pat := range p.Publish {
+		if subject.Matches(pat, want) {
+			return
+		}
+	}
+	t.Fatalf("node-agent may not pull %s", want)
 }

@@ -1,0 +1,9 @@
+// Package agent holds the node agent's decisions, free of NATS, Redis and
+// the OTel SDK: what a node registers as (Describe), how GPU health moves
+// with Xid, ECC and lost-GPU reports (HealthBook), whether a start, stop or
+// drain command is carried out (DecideStart, DecideStop, DecideDrain), the
+// environment a workload runs with (WorkloadEnv), which workloads must stop
+// after the node was fenced (Reconcile), and why a workload stopped
+// (ExitReason). The app package wires these to the bus, the capacity store
+// and the workload runtime.
+package agent
