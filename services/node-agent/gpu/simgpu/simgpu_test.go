@@ -10,6 +10,7 @@ import (
 
 	"github.com/shizu-gpu/shizu/services/node-agent/gpu"
 	"github.com/shizu-gpu/shizu/services/node-agent/gpu/simgpu"
+	"github.com/shizu-gpu/shizu/shared/gpumodel"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 )
@@ -265,4 +266,32 @@ func TestInterruptionNoticeIsDelivered(t *testing.T) {
 	if !n.Deadline.Equal(deadline) || n.Reason != "spot reclaim" {
 		t.Fatalf("notice = %+v", n)
 	}
+}
+
+// Every simulated model must be one the scheduler and metering know, or its
+// rentals could neither be placed by model nor priced.
+func TestEveryProfileReportsAModelTheCatalogueKnows(t *testing.T) {
+	t.Parallel()
+	for _, profile := range simgpu.Profiles() {
+		_, h := open(t, profile, 1)
+		inv, err := h.Discover(t.Context())
+		if err != nil {
+			t.Fatalf("%s: %v", profile, err)
+		}
+		for _, d := range inv.Devices {
+			if err := gpumodel.MustKnow(d.Model); err != nil {
+				t.Errorf("profile %s: %v", profile, err)
+			}
+			if m, _ := gpumodel.Lookup(d.Model); m.VRAMMiB != 0 && d.Model != "" && abs(m.VRAMMiB-d.VRAMMiB) > m.VRAMMiB/20 {
+				t.Errorf("profile %s: %s has %d MiB, the catalogue says %d", profile, d.Model, d.VRAMMiB, m.VRAMMiB)
+			}
+		}
+	}
+}
+
+func abs(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
 }

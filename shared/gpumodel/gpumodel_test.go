@@ -1,0 +1,27 @@
+package gpumodel_test
+
+import (
+	"strings"
+	"testing"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/gpumodel"
+)
+
+func TestEveryTokenIsASubjectTokenNamingItsMemory(t *testing.T) {
+	t.Parallel()
+	for _, m := range gpumodel.All() {
+		if err := shizuv1.ValidToken(m.Token); err != nil {
+			t.Errorf("%s: %v", m.Token, err)
+		}
+		if !strings.HasSuffix(m.Token, "GB") || m.VRAMMiB <= 0 || m.MemoryBandwidthGBps <= 0 {
+			t.Errorf("%s: token must end in its memory size and facts must be set: %+v", m.Token, m)
+		}
+	}
+	if _, ok := gpumodel.Lookup(gpumodel.H100SXM80); !ok {
+		t.Fatal("H100 missing")
+	}
+	if err := gpumodel.MustKnow("h100-sxm"); err == nil || !strings.Contains(err.Error(), gpumodel.H100SXM80) {
+		t.Fatalf("unknown model error %v does not list the known ones", err)
+	}
+}
