@@ -1,6 +1,11 @@
 // Command metering runs the Shizu metering service. Configuration comes from flags,
 // which default to SHIZU_* environment variables; run with -h for the list
 // and -validate to check a configuration without starting.
+//
+// One-shot commands:
+//
+//	metering rebuild                                   recompute the aggregates from the BILLING stream
+//	metering invoice -tenant T -from 2026-11-01 -to 2026-12-01   close and publish an invoice
 package main
 
 import (
@@ -12,6 +17,11 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 {
+		if _, ok := app.Commands[os.Args[1]]; ok {
+			os.Exit(app.Command(os.Args[1], os.Args[2:], os.Stdout, os.Stderr))
+		}
+	}
 	cfg := app.DefaultConfig()
 	os.Exit(service.Main(os.Args[1:], os.Stderr, service.Binary{
 		Config:   &cfg.Service,

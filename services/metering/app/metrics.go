@@ -1,0 +1,59 @@
+package app
+
+import (
+	"context"
+	"errors"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+)
+
+// Metric and attribute names of metering. Labels are low-cardinality: plan
+// and currency, never tenant, rental or node ids.
+const (
+	meterName       = "github.com/shizu-gpu/shizu/services/metering"
+	attrPlan        = attribute.Key("shizu.plan")
+	attrCurrency    = attribute.Key("shizu.currency")
+	metricRecords   = "shizu.metering.records_published"
+	metricAmount    = "shizu.metering.amount_published"
+	metricApplied   = "shizu.metering.records_applied"
+	metricDuplicate = "shizu.metering.records_duplicate"
+	metricBudget    = "shizu.metering.budget_crossings"
+	metricDue       = "shizu.metering.segments_closed_by_timer"
+)
+
+// metrics are metering's instruments.
+type metrics struct {
+	records    metric.Int64Counter
+	amount     metric.Int64Counter
+	applied    metric.Int64Counter
+	duplicates metric.Int64Counter
+	budget     metric.Int64Counter
+	due        metric.Int64Counter
+}
+
+func newMetrics(mp metric.MeterProvider) (*metrics, error) {
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	m := mp.Meter(meterName)
+	var x metrics
+	var errs [6]error
+	x.records, errs[0] = m.Int64Counter(metricRecords, metric.WithDescription("Usage records published (by plan)."))
+	x.amount, errs[1] = m.Int64Counter(metricAmount, metric.WithUnit("{micro-unit}"),
+		metric.WithDescription("Sum of the amounts of usage records published (by plan and currency)."))
+	x.applied, errs[2] = m.Int64Counter(metricApplied, metric.WithDescription("Usage records folded into the aggregates."))
+	x.duplicates, errs[3] = m.Int64Counter(metricDuplicate, metric.WithDescription("Usage records seen again and not counted."))
+	x.budget, errs[4] = m.Int64Counter(metricBudget, metric.WithDescription("Budget thresholds crossed."))
+	x.due, errs[5] = m.Int64Counter(metricDue, metric.WithDescription("Running segments looked at by the interval closer."))
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, err
+	}
+	return &x, nil
+}
+
+func (m *metrics) published(ctx context.Context, plan, currency string, amount int64) {
+	m.records.Add(ctx, 1, metric.WithAttributes(attrPlan.String(plan)))
+	m.amount.Add(ctx, amount, metric.WithAttributes(attrPlan.String(plan), attrCurrency.String(currency)))
+}

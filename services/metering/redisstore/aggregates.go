@@ -1,0 +1,289 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/metering/ledger"
+	"github.com/shizu-gpu/shizu/services/metering/pricing"
+)
+
+// Aggregates live under <prefix>agg:<generation>:...:
+//
+//	seen:<day>                 set of applied record ids (day of interval start)
+//	tenant:<tenant>            <currency> -> micros, mgs -> milli-GPU-seconds
+//	month:<tenant>             <YYYY-MM>|<currency> -> micros (budgets)
+//	rental:<rental>            micros, mgs, seconds
+//	day:<tenant>:<YYYY-MM-DD>  <plan>|<model>|micros, <plan>|<model>|mgs
+//	label:<tenant>:<YYYY-MM>   <key>=<value>|<currency> -> micros
+//
+// <prefix>agg:gen holds the current generation ("0" when absent).
+
+// Applied says what applying one record did.
+type Applied struct {
+	// New is false when the record had been applied before.
+	New bool
+	// MonthBefore and MonthAfter are the tenant's spend in the record's
+	// month and currency around this record.
+	MonthBefore, MonthAfter int64
+}
+
+var applyScript = redis.NewScript(`
+local p = ARGV[1]
+local gen = ARGV[2]
+if gen == '' then gen = redis.call('GET', p .. 'agg:gen') or '0' end
+p = p .. 'agg:' .. gen .. ':'
+local id, day, month, tenant, rental, pm, cur = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local micros, mgs, secs = ARGV[10], ARGV[11], ARGV[12]
+if redis.call('SADD', p .. 'seen:' .. day, id) == 0 then return {0, '0', '0'} end
+local before = redis.call('HGET', p .. 'month:' .. tenant, month .. '|' .. cur) or '0'
+local after = redis.call('HINCRBY', p .. 'month:' .. tenant, month .. '|' .. cur, micros)
+redis.call('HINCRBY', p .. 'tenant:' .. tenant, cur, micros)
+redis.call('HINCRBY', p .. 'tenant:' .. tenant, 'mgs', mgs)
+redis.call('HINCRBY', p .. 'rental:' .. rental, 'micros', micros)
+redis.call('HINCRBY', p .. 'rental:' .. rental, 'mgs', mgs)
+redis.call('HINCRBY', p .. 'rental:' .. rental, 'seconds', secs)
+redis.call('HINCRBY', p .. 'day:' .. tenant .. ':' .. day, pm .. '|micros', micros)
+redis.call('HINCRBY', p .. 'day:' .. tenant .. ':' .. day, pm .. '|mgs', mgs)
+for i = 13, #ARGV do
+  redis.call('HINCRBY', p .. 'label:' .. tenant .. ':' .. month, ARGV[i] .. '|' .. cur, micros)
+end
+return {1, before, tostring(after)}`)
+
+// Apply folds one usage record into the aggregates of generation gen (""
+// for the current one), once per record id.
+func (s *Store) Apply(ctx context.Context, gen string, r *shizuv1.UsageRecorded) (Applied, error) {
+	start := r.GetIntervalStart().AsTime().UTC()
+	pm := fmt.Sprintf("%d|%s", int32(r.GetPlan()), r.GetModel())
+	mgs := int64(r.GetGpuCount()) * int64(r.GetMilliGpu()) * r.GetSeconds()
+	args := []any{s.prefix, gen, r.GetMeta().GetEventId(), start.Format(time.DateOnly), start.Format("2006-01"),
+		r.GetTenantId(), r.GetRentalId(), pm, r.GetAmount().GetCurrency(),
+		strconv.FormatInt(r.GetAmount().GetMicros(), 10), strconv.FormatInt(mgs, 10), strconv.FormatInt(r.GetSeconds(), 10)}
+	keys := make([]string, 0, len(r.GetLabels()))
+	for k, v := range r.GetLabels() {
+		keys = append(keys, k+"="+v)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	reply, err := s.pipe.run(ctx, applyScript, nil, args...)
+	if err != nil {
+		return Applied{}, fmt.Errorf("apply usage %s: %w", r.GetMeta().GetEventId(), err)
+	}
+	res, ok := reply.([]any)
+	if !ok || len(res) != 3 {
+		return Applied{}, fmt.Errorf("apply usage %s: unexpected reply %v", r.GetMeta().GetEventId(), reply)
+	}
+	out := Applied{New: res[0].(int64) == 1}
+	out.MonthBefore, _ = strconv.ParseInt(fmt.Sprint(res[1]), 10, 64)
+	out.MonthAfter, _ = strconv.ParseInt(fmt.Sprint(res[2]), 10, 64)
+	return out, nil
+}
+
+// Generation returns the current aggregate generation.
+func (s *Store) Generation(ctx context.Context) (string, error) {
+	g, err := s.rdb.Get(ctx, s.prefix+"agg:gen").Result()
+	if err == redis.Nil {
+		return "0", nil
+	}
+	return g, err
+}
+
+// NewGeneration reserves a fresh, empty generation number.
+func (s *Store) NewGeneration(ctx context.Context) (string, error) {
+	cur, err := s.Generation(ctx)
+	if err != nil {
+		return "", err
+	}
+	n, err := s.rdb.Incr(ctx, s.prefix+"agg:gennext").Result()
+	if err != nil {
+		return "", err
+	}
+	c, _ := strconv.ParseInt(cur, 10, 64)
+	for n <= c {
+		if n, err = s.rdb.Incr(ctx, s.prefix+"agg:gennext").Result(); err != nil {
+			return "", err
+		}
+	}
+	gen := strconv.FormatInt(n, 10)
+	return gen, s.DropGeneration(ctx, gen)
+}
+
+// SwitchGeneration makes gen the current generation.
+func (s *Store) SwitchGeneration(ctx context.Context, gen string) error {
+	return s.rdb.Set(ctx, s.prefix+"agg:gen", gen, 0).Err()
+}
+
+// DropGeneration deletes every aggregate key of gen.
+func (s *Store) DropGeneration(ctx context.Context, gen string) error {
+	iter := s.rdb.Scan(ctx, 0, s.prefix+"agg:"+gen+":*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 1000 {
+			if err := s.rdb.Unlink(ctx, batch...).Err(); err != nil {
+				return err
+			}
+			batch = batch[:0]
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return err
+	}
+	if len(batch) > 0 {
+		return s.rdb.Unlink(ctx, batch...).Err()
+	}
+	return nil
+}
+
+// Dump returns every aggregate hash of gen (seen sets as their sizes),
+// keyed without the generation prefix, to compare generations.
+func (s *Store) Dump(ctx context.Context, gen string) (map[string]map[string]string, error) {
+	pre := s.prefix + "agg:" + gen + ":"
+	out := map[string]map[string]string{}
+	iter := s.rdb.Scan(ctx, 0, pre+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		name := strings.TrimPrefix(k, pre)
+		if strings.HasPrefix(name, "seen:") {
+			n, err := s.rdb.SCard(ctx, k).Result()
+			if err != nil {
+				return nil, err
+			}
+			out[name] = map[string]string{"count": strconv.FormatInt(n, 10)}
+			continue
+		}
+		h, err := s.rdb.HGetAll(ctx, k).Result()
+		if err != nil {
+			return nil, err
+		}
+		out[name] = h
+	}
+	return out, iter.Err()
+}
+
+// Rental returns a rental's billed micros and milli-GPU-seconds.
+func (s *Store) Rental(ctx context.Context, rental string) (micros, mgs int64, err error) {
+	gen, err := s.Generation(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	h, err := s.rdb.HGetAll(ctx, s.prefix+"agg:"+gen+":rental:"+rental).Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	micros, _ = strconv.ParseInt(h["micros"], 10, 64)
+	mgs, _ = strconv.ParseInt(h["mgs"], 10, 64)
+	return micros, mgs, nil
+}
+
+// TenantTotal returns a tenant's billed micros in currency.
+func (s *Store) TenantTotal(ctx context.Context, tenant, currency string) (int64, error) {
+	gen, err := s.Generation(ctx)
+	if err != nil {
+		return 0, err
+	}
+	v, err := s.rdb.HGet(ctx, s.prefix+"agg:"+gen+":tenant:"+tenant, currency).Int64()
+	if err == redis.Nil {
+		return 0, nil
+	}
+	return v, err
+}
+
+// Usage sums a tenant's day aggregates over [from, to) (whole UTC days) per
+// plan and model, for an invoice.
+func (s *Store) Usage(ctx context.Context, tenant, currency string, from, to time.Time) ([]ledger.Usage, error) {
+	gen, err := s.Generation(ctx)
+	if err != nil {
+		return nil, err
+	}
+	type key struct {
+		plan  shizuv1.Plan
+		model string
+	}
+	sums := map[key]*ledger.Usage{}
+	for d := from.UTC(); d.Before(to); d = d.AddDate(0, 0, 1) {
+		h, err := s.rdb.HGetAll(ctx, s.prefix+"agg:"+gen+":day:"+tenant+":"+d.Format(time.DateOnly)).Result()
+		if err != nil {
+			return nil, err
+		}
+		for f, v := range h {
+			parts := strings.Split(f, "|")
+			if len(parts) != 3 {
+				return nil, fmt.Errorf("bad day aggregate field %q", f)
+			}
+			plan, _ := strconv.Atoi(parts[0])
+			k := key{shizuv1.Plan(plan), parts[1]}
+			u, ok := sums[k]
+			if !ok {
+				u = &ledger.Usage{Plan: k.plan, Model: k.model, Amount: pricing.Money{Currency: currency}}
+				sums[k] = u
+			}
+			n, _ := strconv.ParseInt(v, 10, 64)
+			if parts[2] == "micros" {
+				u.Amount.Micros += n
+			} else {
+				u.MilliGPUSeconds += n
+			}
+		}
+	}
+	out := make([]ledger.Usage, 0, len(sums))
+	for _, u := range sums {
+		out = append(out, *u)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Plan != out[j].Plan {
+			return out[i].Plan < out[j].Plan
+		}
+		return out[i].Model < out[j].Model
+	})
+	return out, nil
+}
+
+// LabelReport returns a tenant's spend in a month by label key=value.
+func (s *Store) LabelReport(ctx context.Context, tenant string, month time.Time) (map[string]int64, error) {
+	gen, err := s.Generation(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h, err := s.rdb.HGetAll(ctx, s.prefix+"agg:"+gen+":label:"+tenant+":"+month.UTC().Format("2006-01")).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64, len(h))
+	for f, v := range h {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		out[f] = n
+	}
+	return out, nil
+}
+
+// Alert records that a tenant crossed a budget threshold in a month; it
+// returns true the first time only.
+func (s *Store) Alert(ctx context.Context, tenant, month string, threshold int64) (bool, error) {
+	n, err := s.rdb.SAdd(ctx, s.prefix+"alerts:"+tenant+":"+month, threshold).Result()
+	return n == 1, err
+}
+
+// Alerts lists the thresholds a tenant crossed in a month.
+func (s *Store) Alerts(ctx context.Context, tenant, month string) ([]int64, error) {
+	ms, err := s.rdb.SMembers(ctx, s.prefix+"alerts:"+tenant+":"+month).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int64, 0, len(ms))
+	for _, m := range ms {
+		n, _ := strconv.ParseInt(m, 10, 64)
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out, nil
+}
