@@ -1,12 +1,21 @@
 // Package app wires the scheduler service to the bus and Redis and runs it.
 // Its decisions live in packages beside it that import neither NATS nor
-// Redis.
+// Redis: placement (level two: where a rental goes) and queue (level one:
+// in which order waiting requests are tried).
 package app
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
 
+	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -14,24 +23,171 @@ import (
 // Config is the scheduler's configuration.
 type Config struct {
 	Service service.Config
+	// Policy ranks nodes: fgd, bestfit, firstfit, random or dotprod
+	// (fixed is a replay baseline only: it books whole GPUs for fractions).
+	Policy string
+	// MaxCandidates bounds the feasible nodes scored per decision (0 = all);
+	// see placement.Options.MaxCandidates.
+	MaxCandidates int
+	// BatchSize is the most requests placed in one round.
+	BatchSize int
+	// Concurrency is how many deliveries are in flight at once; it bounds
+	// how many requests a round can gather.
+	Concurrency int
+	// CommitWorkers reserve in parallel.
+	CommitWorkers int
+	// PendingTimeout: a request not placed this long after it was made is
+	// rejected (REJECT_REASON_PENDING_TIMEOUT).
+	PendingTimeout time.Duration
+	// PendingRetry is how often pending requests are tried again.
+	PendingRetry time.Duration
+	// PreemptionNotice is the time a preempted spot rental gets to stop.
+	PreemptionNotice time.Duration
+	// SnapshotMaxAge: a view older than this is re-read when the store
+	// moved.
+	SnapshotMaxAge time.Duration
+	// AgingStep is the wait worth one priority point.
+	AgingStep time.Duration
+	// WorkloadWindow is how many recent requests FGD measures against.
+	WorkloadWindow int
+	// KeyPrefix is the capacity store's Redis prefix; the scheduler's own
+	// keys live under <prefix>:sched.
+	KeyPrefix string
+	// OutcomeTTL is how long a rental's outcome record is kept.
+	OutcomeTTL time.Duration
 }
 
 // DefaultConfig is the configuration on a developer machine.
 func DefaultConfig() Config {
-	return Config{Service: service.Defaults(topology.Scheduler)}
+	return Config{
+		Service: service.Defaults(topology.Scheduler), Policy: string(placement.PolicyFGD),
+		MaxCandidates: 64, BatchSize: 512, Concurrency: 1024, CommitWorkers: 32,
+		PendingTimeout: 10 * time.Minute, PendingRetry: 500 * time.Millisecond, PreemptionNotice: 30 * time.Second,
+		SnapshotMaxAge: 5 * time.Second, AgingStep: time.Second, WorkloadWindow: 5000,
+		KeyPrefix: "shizu", OutcomeTTL: 7 * 24 * time.Hour,
+	}
 }
 
 // RegisterFlags binds the scheduler's own flags (the common ones are bound by
-// service.Main).
-func (c *Config) RegisterFlags(*flag.FlagSet) {}
+// service.Main). Each defaults to its SHIZU_SCHEDULER_* environment variable.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Policy, "policy", env("SHIZU_SCHEDULER_POLICY", c.Policy), "placement policy: fgd, bestfit, firstfit, random, dotprod")
+	fs.IntVar(&c.MaxCandidates, "max-candidates", envInt("SHIZU_SCHEDULER_MAX_CANDIDATES", c.MaxCandidates), "feasible nodes scored per decision (0 = all)")
+	fs.IntVar(&c.BatchSize, "batch-size", envInt("SHIZU_SCHEDULER_BATCH_SIZE", c.BatchSize), "most requests placed per round")
+	fs.IntVar(&c.Concurrency, "concurrency", envInt("SHIZU_SCHEDULER_CONCURRENCY", c.Concurrency), "deliveries in flight")
+	fs.IntVar(&c.CommitWorkers, "commit-workers", envInt("SHIZU_SCHEDULER_COMMIT_WORKERS", c.CommitWorkers), "parallel reserves")
+	fs.DurationVar(&c.PendingTimeout, "pending-timeout", envDur("SHIZU_SCHEDULER_PENDING_TIMEOUT", c.PendingTimeout), "reject requests pending longer")
+	fs.DurationVar(&c.PendingRetry, "pending-retry", envDur("SHIZU_SCHEDULER_PENDING_RETRY", c.PendingRetry), "retry pending requests this often")
+	fs.DurationVar(&c.PreemptionNotice, "preemption-notice", envDur("SHIZU_SCHEDULER_PREEMPTION_NOTICE", c.PreemptionNotice), "notice given to preempted spot rentals")
+	fs.DurationVar(&c.SnapshotMaxAge, "snapshot-max-age", envDur("SHIZU_SCHEDULER_SNAPSHOT_MAX_AGE", c.SnapshotMaxAge), "re-read the store when the view is older and the store moved")
+	fs.StringVar(&c.KeyPrefix, "key-prefix", env("SHIZU_SCHEDULER_KEY_PREFIX", c.KeyPrefix), "capacity store Redis key prefix")
+}
+
+func env(k, def string) string {
+	if v, ok := os.LookupEnv(k); ok {
+		return v
+	}
+	return def
+}
+
+func envInt(k string, def int) int {
+	if n, err := strconv.Atoi(env(k, "")); err == nil {
+		return n
+	}
+	return def
+}
+
+func envDur(k string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(env(k, "")); err == nil {
+		return d
+	}
+	return def
+}
 
 // Validate reports every problem in the configuration.
-func (c Config) Validate() error { return c.Service.Validate() }
-
-// Run runs the scheduler until ctx ends: it connects with its own NATS user,
-// ensures the durable consumers the topology declares for it, and reports
-// ready on /readyz.
-func Run(ctx context.Context, cfg Config) error {
-	svc, _ := topology.ServiceNamed(topology.Scheduler)
-	return service.Run(ctx, cfg.Service, service.DeclaredConsumers(svc.Consumers...))
+func (c Config) Validate() error {
+	var errs []error
+	if p, err := placement.ParsePolicy(c.Policy); err != nil {
+		errs = append(errs, fmt.Errorf("scheduler.policy: %w", err))
+	} else if p == placement.PolicyFixed {
+		errs = append(errs, errors.New("scheduler.policy: fixed is a replay baseline (it books whole GPUs for fractions); use fgd, bestfit, firstfit, random or dotprod"))
+	}
+	positive := func(name string, v int) {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("scheduler.%s: must be positive, got %d", name, v))
+		}
+	}
+	if c.MaxCandidates < 0 {
+		errs = append(errs, fmt.Errorf("scheduler.max-candidates: must not be negative, got %d", c.MaxCandidates))
+	}
+	positive("batch-size", c.BatchSize)
+	positive("concurrency", c.Concurrency)
+	positive("commit-workers", c.CommitWorkers)
+	positive("workload-window", c.WorkloadWindow)
+	for name, d := range map[string]time.Duration{"pending-timeout": c.PendingTimeout, "pending-retry": c.PendingRetry,
+		"preemption-notice": c.PreemptionNotice, "snapshot-max-age": c.SnapshotMaxAge, "aging-step": c.AgingStep, "outcome-ttl": c.OutcomeTTL} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("scheduler.%s: must be positive, got %s", name, d))
+		}
+	}
+	if c.KeyPrefix == "" {
+		errs = append(errs, errors.New("scheduler.key-prefix: must not be empty"))
+	}
+	return errors.Join(errs...)
 }
+
+// Run runs the scheduler until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	return service.Run(ctx, cfg.Service, func(ctx context.Context, rt *service.Runtime) ([]service.Part, error) {
+		if rt.Redis == nil {
+			return nil, errors.New("scheduler: redis.url is required")
+		}
+		store, err := capacity.New(rt.Redis, capacity.WithPrefix(cfg.KeyPrefix))
+		if err != nil {
+			return nil, err
+		}
+		m, err := NewMetrics(rt.Telemetry.MeterProvider())
+		if err != nil {
+			return nil, err
+		}
+		s, err := New(cfg, Deps{Bus: rt.Bus, Store: store, Redis: rt.Redis, Log: rt.Log, Metrics: m})
+		if err != nil {
+			return nil, err
+		}
+		svc, _ := topology.ServiceNamed(topology.Scheduler)
+		if err := service.EnsureConsumers(ctx, rt, svc.Consumers...); err != nil {
+			return nil, err
+		}
+		return s.Start(ctx, svc.Consumers[0])
+	})
+}
+
+// Start runs the scheduling loop and consumes spec; the parts stop in
+// reverse: the subscription drains first (in-flight requests finish
+// through the loop), then the loop stops.
+func (s *Scheduler) Start(ctx context.Context, spec bus.Consumer) ([]service.Part, error) {
+	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Run(loopCtx)
+	}()
+	loop := stopFunc(func(context.Context) error {
+		cancel()
+		<-done
+		return nil
+	})
+	sub, err := s.d.Bus.Consume(ctx, spec, s.Router(), bus.ConsumeOptions{Concurrency: s.cfg.Concurrency, FastAck: true})
+	if err != nil {
+		_ = loop.Stop(ctx)
+		return nil, err
+	}
+	return []service.Part{loop, service.Subscription{Subscription: sub}}, nil
+}
+
+type stopFunc func(context.Context) error
+
+func (f stopFunc) Stop(ctx context.Context) error { return f(ctx) }

@@ -1,0 +1,284 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/scheduler/app"
+	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/subject"
+	"github.com/shizu-gpu/shizu/shared/testkit"
+	"github.com/shizu-gpu/shizu/shared/topology"
+)
+
+func password(user string) string { return "pw-" + user }
+
+// env is one real nats-server (with the topology's users and streams) and
+// one real redis-server.
+type env struct {
+	t     testing.TB
+	nats  *testkit.NATS
+	redis *testkit.Redis
+	admin *bus.Conn
+	store *capacity.Store
+	seen  *outcomes
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	e := newQuietEnv(t)
+	e.seen = e.watch()
+	return e
+}
+
+// newQuietEnv is newEnv without the outcome watcher (for benchmarks).
+func newQuietEnv(t testing.TB) *env {
+	t.Helper()
+	n := testkit.StartNATS(t, testkit.WithUsers(topology.Users(), password))
+	r := testkit.StartRedis(t)
+	admin, err := bus.Connect(t.Context(), bus.Config{URL: n.URL, User: topology.Admin, Password: password(topology.Admin)}, bus.Instruments{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	if err := admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
+		t.Fatal(err)
+	}
+	store, err := capacity.New(r.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, nats: n, redis: r, admin: admin, store: store}
+}
+
+func testConfig() app.Config {
+	cfg := app.DefaultConfig()
+	cfg.PendingRetry = 20 * time.Millisecond
+	cfg.SnapshotMaxAge = 50 * time.Millisecond
+	return cfg
+}
+
+// replica starts one scheduler replica with its own NATS user and Redis
+// connection; it stops at the end of the test.
+func (e *env) replica(cfg app.Config, now func() time.Time) {
+	t := e.t
+	t.Helper()
+	conn, err := bus.Connect(t.Context(), bus.Config{URL: e.nats.URL, User: topology.Scheduler, Password: password(topology.Scheduler)}, bus.Instruments{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := capacity.New(e.redis.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := app.New(cfg, app.Deps{Bus: conn, Store: store, Redis: e.redis.Client(t), Now: now,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := topology.ServiceNamed(topology.Scheduler)
+	ctx, cancel := context.WithCancel(context.Background())
+	parts, err := s.Start(ctx, svc.Consumers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		for i := len(parts) - 1; i >= 0; i-- {
+			_ = parts[i].Stop(stopCtx)
+		}
+		_ = conn.Close(stopCtx)
+	})
+}
+
+// gpuNode is a ready on-demand node of n H100s in one NVLink domain.
+func gpuNode(id string, n int, market capacity.Market) capacity.Node {
+	node := capacity.Node{ID: id, Zone: "zone-a", Market: market, PricePerGPUHourMicros: 2_000_000, Currency: "USD",
+		CPUMilli: 256_000, MemoryMiB: 2 << 20}
+	var dom []int
+	for i := range n {
+		node.GPUs = append(node.GPUs, capacity.GPU{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", id, i), Model: "H100-SXM5-80GB",
+			VRAMMiB: 80 * 1024, MIGCapable: true})
+		dom = append(dom, i)
+	}
+	if n > 1 {
+		node.NVLinkDomains = [][]int{dom}
+	}
+	return node
+}
+
+func (e *env) register(nodes ...capacity.Node) {
+	for _, n := range nodes {
+		if _, err := e.store.Register(e.t.Context(), n); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+func spec(gpus int32, milli int32, vram int64, plan shizuv1.Plan) *shizuv1.RentalSpec {
+	s := &shizuv1.RentalSpec{GpuCount: gpus, MilliGpu: milli, VramMib: vram, Plan: plan}
+	if gpus > 1 {
+		s.Interconnect = shizuv1.Interconnect_INTERCONNECT_NVLINK
+	}
+	return s
+}
+
+func requested(id, tenant string, sp *shizuv1.RentalSpec, at time.Time) *shizuv1.RentalRequested {
+	return &shizuv1.RentalRequested{
+		Meta:     &shizuv1.EventMeta{EventId: "req:" + id, OccurredAt: timestamppb.New(at), Source: "test", CorrelationId: id},
+		RentalId: id, TenantId: tenant, Spec: sp,
+	}
+}
+
+// publish sends requests as the admin (standing in for the API),
+// asynchronously.
+func (e *env) publish(evs ...proto.Message) {
+	e.t.Helper()
+	b := e.admin.NewBatch()
+	for _, ev := range evs {
+		var subj string
+		var err error
+		switch x := ev.(type) {
+		case *shizuv1.RentalRequested:
+			subj, err = subject.Format(subject.RentalRequested, x.GetTenantId())
+		case *shizuv1.RentalCancelRequested:
+			subj, err = subject.Format(subject.RentalCancelRequested, x.GetTenantId())
+		case *shizuv1.RentalStopped:
+			subj, err = subject.Format(subject.RentalStopped, x.GetTenantId())
+		default:
+			e.t.Fatalf("cannot publish %T", ev)
+		}
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if err := b.Publish(e.t.Context(), subj, ev); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	if _, err := b.Wait(e.t.Context()); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// outcomes collects every scheduled, pending, rejected and preempted event
+// of the RENTALS stream and every start command, by rental.
+type outcomes struct {
+	mu        sync.Mutex
+	scheduled map[string][]*shizuv1.RentalScheduled
+	pending   map[string][]*shizuv1.RentalPending
+	rejected  map[string][]*shizuv1.RentalRejected
+	preempted map[string][]*shizuv1.RentalPreempted
+	starts    map[string]int
+	stops     map[string]int
+	shortages int
+}
+
+func (e *env) watch() *outcomes {
+	o := &outcomes{scheduled: map[string][]*shizuv1.RentalScheduled{}, pending: map[string][]*shizuv1.RentalPending{},
+		rejected: map[string][]*shizuv1.RentalRejected{}, preempted: map[string][]*shizuv1.RentalPreempted{}, starts: map[string]int{}, stops: map[string]int{}}
+	js := e.admin.JetStream()
+	for _, sc := range []struct {
+		stream  string
+		filters []string
+	}{
+		{topology.StreamRentals, []string{subject.RentalScheduledAll, subject.RentalPendingAll, subject.RentalRejectedAll, subject.RentalPreemptedAll}},
+		{topology.StreamAgentCmds, []string{subject.AgentCmdAll}},
+		{topology.StreamScaling, []string{subject.CapacityShortage}},
+	} {
+		cons, err := js.OrderedConsumer(e.t.Context(), sc.stream, jetstream.OrderedConsumerConfig{FilterSubjects: sc.filters})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		cc, err := cons.Consume(func(m jetstream.Msg) { o.add(e.t, m) })
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.t.Cleanup(cc.Stop)
+	}
+	return o
+}
+
+func (o *outcomes) add(t testing.TB, m jetstream.Msg) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	parts := strings.Split(m.Subject(), ".")
+	kind := parts[len(parts)-1]
+	var err error
+	switch {
+	case parts[0] == "agent" && kind == "start":
+		ev := &shizuv1.StartRental{}
+		err = proto.Unmarshal(m.Data(), ev)
+		o.starts[ev.GetScheduled().GetRentalId()]++
+	case parts[0] == "agent" && kind == "stop":
+		ev := &shizuv1.StopRental{}
+		err = proto.Unmarshal(m.Data(), ev)
+		o.stops[ev.GetRentalId()]++
+	case parts[0] == "scale":
+		o.shortages++
+	case kind == "scheduled":
+		ev := &shizuv1.RentalScheduled{}
+		if err = proto.Unmarshal(m.Data(), ev); err == nil {
+			if verr := ev.Validate(); verr != nil {
+				t.Errorf("invalid RentalScheduled: %v", verr)
+			}
+		}
+		o.scheduled[ev.GetRentalId()] = append(o.scheduled[ev.GetRentalId()], ev)
+	case kind == "pending":
+		ev := &shizuv1.RentalPending{}
+		err = proto.Unmarshal(m.Data(), ev)
+		o.pending[ev.GetRentalId()] = append(o.pending[ev.GetRentalId()], ev)
+	case kind == "rejected":
+		ev := &shizuv1.RentalRejected{}
+		err = proto.Unmarshal(m.Data(), ev)
+		o.rejected[ev.GetRentalId()] = append(o.rejected[ev.GetRentalId()], ev)
+	case kind == "preempted":
+		ev := &shizuv1.RentalPreempted{}
+		err = proto.Unmarshal(m.Data(), ev)
+		o.preempted[ev.GetRentalId()] = append(o.preempted[ev.GetRentalId()], ev)
+	}
+	if err != nil {
+		t.Errorf("decode %s: %v", m.Subject(), err)
+	}
+}
+
+// decided is the number of rentals with a scheduled, pending or rejected event.
+func (o *outcomes) decided() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ids := map[string]bool{}
+	for id := range o.scheduled {
+		ids[id] = true
+	}
+	for id := range o.pending {
+		ids[id] = true
+	}
+	for id := range o.rejected {
+		ids[id] = true
+	}
+	return len(ids)
+}
+
+func (o *outcomes) waitFor(t testing.TB, timeout time.Duration, cond func(o *outcomes) error) {
+	t.Helper()
+	testkit.Eventually(t, timeout, func() error {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return cond(o)
+	})
+}
+
+func timestampOf(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }

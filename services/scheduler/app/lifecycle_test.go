@@ -1,0 +1,241 @@
+package app_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/testkit"
+	"github.com/shizu-gpu/shizu/shared/topology"
+)
+
+func stopped(s *shizuv1.RentalScheduled, reason shizuv1.ExitReason) *shizuv1.RentalStopped {
+	at := time.Now()
+	return &shizuv1.RentalStopped{
+		Meta:     &shizuv1.EventMeta{EventId: fmt.Sprintf("rental:%s:stopped:1", s.GetRentalId()), OccurredAt: timestamppb.New(at), Source: "node-agent/" + s.GetNodeId()},
+		RentalId: s.GetRentalId(), TenantId: s.GetTenantId(), NodeId: s.GetNodeId(), NodeEpoch: s.GetNodeEpoch(),
+		StartedAt: timestamppb.New(at.Add(-time.Minute)), StoppedAt: timestamppb.New(at), ExitReason: reason, Attempt: 1,
+	}
+}
+
+func cancel(id, tenant string) *shizuv1.RentalCancelRequested {
+	return &shizuv1.RentalCancelRequested{
+		Meta:     &shizuv1.EventMeta{EventId: "cancel:" + id, OccurredAt: timestamppb.Now(), Source: "test"},
+		RentalId: id, TenantId: tenant, RequestedBy: "user-1",
+	}
+}
+
+func scheduledOf(o *outcomes, id string) (*shizuv1.RentalScheduled, error) {
+	if len(o.scheduled[id]) == 0 {
+		return nil, fmt.Errorf("%s not scheduled", id)
+	}
+	return o.scheduled[id][0], nil
+}
+
+func TestAPendingRequestIsScheduledOnceAStopFreesCapacity(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.register(gpuNode("n1", 1, capacity.MarketOnDemand))
+	e.replica(testConfig(), time.Now)
+	e.publish(requested("first", "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), time.Now()))
+	var first *shizuv1.RentalScheduled
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { first, err = scheduledOf(o, "first"); return })
+	e.publish(requested("second", "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), time.Now()))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
+		if len(o.pending["second"]) == 0 {
+			return errors.New("second not pending")
+		}
+		p := o.pending["second"][0]
+		if p.GetReason() != shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY || p.GetMissing().GetGpuCount() != 1 || o.shortages == 0 {
+			return fmt.Errorf("pending %v, %d shortages", p, o.shortages)
+		}
+		return nil
+	})
+	e.publish(stopped(first, shizuv1.ExitReason_EXIT_REASON_COMPLETED))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
+		s, err := scheduledOf(o, "second")
+		if err == nil && s.GetNodeId() != "n1" {
+			return fmt.Errorf("second on %s", s.GetNodeId())
+		}
+		return err
+	})
+	if _, err := e.store.Allocation(t.Context(), "first"); !capacity.IsNotFound(err) {
+		t.Fatalf("first still holds capacity: %v", err)
+	}
+}
+
+func TestARequestPendingPastItsDeadlineIsRejectedWithTheReason(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.register(gpuNode("n1", 1, capacity.MarketOnDemand))
+	cfg := testConfig()
+	cfg.PendingTimeout = 300 * time.Millisecond
+	e.replica(cfg, time.Now)
+	e.publish(requested("big", "acme", spec(4, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), time.Now()))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
+		if len(o.pending["big"]) != 1 {
+			return fmt.Errorf("%d pending events", len(o.pending["big"]))
+		}
+		if len(o.rejected["big"]) != 1 {
+			return errors.New("not rejected yet")
+		}
+		r := o.rejected["big"][0]
+		if r.GetReason() != shizuv1.RejectReason_REJECT_REASON_PENDING_TIMEOUT || r.GetMessage() == "" {
+			return fmt.Errorf("rejected %v", r)
+		}
+		return nil
+	})
+}
+
+func TestInvalidSpecsAreRejectedAtOnceWithAClearReason(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.register(gpuNode("n1", 8, capacity.MarketOnDemand))
+	e.replica(testConfig(), time.Now)
+	cases := map[string]*shizuv1.RentalSpec{
+		"milli-above-1000": spec(1, 1500, 0, shizuv1.Plan_PLAN_ON_DEMAND),
+		"fraction-of-two":  {GpuCount: 2, MilliGpu: 500, VramMib: 1024, Plan: shizuv1.Plan_PLAN_ON_DEMAND},
+		"unknown-model":    {GpuCount: 1, MilliGpu: 1000, AllowedModels: []string{"Voodoo2"}, Plan: shizuv1.Plan_PLAN_ON_DEMAND},
+		"vram-too-big":     {GpuCount: 1, MilliGpu: 1000, VramMib: 500 * 1024, Plan: shizuv1.Plan_PLAN_ON_DEMAND},
+		"asks-nothing":     {Plan: shizuv1.Plan_PLAN_ON_DEMAND},
+	}
+	want := map[string]string{"milli-above-1000": "milli_gpu", "fraction-of-two": "milli_gpu",
+		"unknown-model": "unknown model", "vram-too-big": "vram_mib", "asks-nothing": "gpu_count"}
+	for id, sp := range cases {
+		e.publish(requested(id, "acme", sp, time.Now()))
+	}
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
+		for id, says := range want {
+			if len(o.rejected[id]) != 1 {
+				return fmt.Errorf("%s: %d rejections", id, len(o.rejected[id]))
+			}
+			r := o.rejected[id][0]
+			if r.GetReason() != shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC || !strings.Contains(r.GetMessage(), says) {
+				return fmt.Errorf("%s: %v, want a message naming %q", id, r, says)
+			}
+		}
+		return nil
+	})
+}
+
+func TestCancellingBeforePlacementRejectsAndAfterPlacementStopsTheRental(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.register(gpuNode("n1", 1, capacity.MarketOnDemand))
+	e.replica(testConfig(), time.Now)
+	// Cancelled before the request arrives: it never runs.
+	e.publish(cancel("early", "acme"))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
+		if len(o.rejected["early"]) != 1 || o.rejected["early"][0].GetReason() != shizuv1.RejectReason_REJECT_REASON_CANCELLED {
+			return fmt.Errorf("early: %v", o.rejected["early"])
+		}
+		return nil
+	})
+	e.publish(requested("early", "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), time.Now()))
+	e.publish(requested("placed", "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), time.Now()))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { _, err = scheduledOf(o, "placed"); return })
+	// The early rental's request must not have taken capacity.
+	if _, err := e.store.Allocation(t.Context(), "early"); !capacity.IsNotFound(err) {
+		t.Fatalf("cancelled rental holds capacity: %v", err)
+	}
+	e.seen.mu.Lock()
+	if len(e.seen.scheduled["early"]) != 0 {
+		t.Fatal("a cancelled rental was scheduled")
+	}
+	e.seen.mu.Unlock()
+	// Cancelled once placed: the node agent is told to stop it.
+	e.publish(cancel("placed", "acme"))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
+		if o.stops["placed"] != 1 {
+			return fmt.Errorf("%d stop commands", o.stops["placed"])
+		}
+		return nil
+	})
+}
+
+func TestOnDemandPreemptsTheCheapestSpotRentalAndTakesItsPlace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.register(gpuNode("n1", 2, capacity.MarketOnDemand))
+	e.replica(testConfig(), time.Now)
+	// Two spot rentals fill the node; "young" started later, so evicting it
+	// loses less work.
+	e.publish(requested("old", "spotty", spec(1, 1000, 0, shizuv1.Plan_PLAN_SPOT), time.Now()))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { _, err = scheduledOf(o, "old"); return })
+	e.publish(requested("young", "spotty", spec(1, 1000, 0, shizuv1.Plan_PLAN_SPOT), time.Now()))
+	var young *shizuv1.RentalScheduled
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { young, err = scheduledOf(o, "young"); return })
+	// A third spot request only waits: spot never preempts spot.
+	e.publish(requested("spot3", "spotty", spec(1, 1000, 0, shizuv1.Plan_PLAN_SPOT), time.Now()))
+	e.publish(requested("od", "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), time.Now()))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
+		if len(o.pending["od"]) == 0 || o.pending["od"][0].GetReason() != shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION {
+			return fmt.Errorf("od: %v", o.pending["od"])
+		}
+		if len(o.preempted["young"]) != 1 || o.preempted["young"][0].GetPreemptingRentalId() != "od" {
+			return fmt.Errorf("young: %v", o.preempted["young"])
+		}
+		if len(o.preempted["old"]) != 0 || len(o.pending["spot3"]) != 1 {
+			return fmt.Errorf("old preempted %d times; spot3 pending %d", len(o.preempted["old"]), len(o.pending["spot3"]))
+		}
+		return nil
+	})
+	// The victim stops: the on-demand request takes its GPU (ahead of the
+	// waiting spot request).
+	e.publish(stopped(young, shizuv1.ExitReason_EXIT_REASON_PREEMPTED))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { _, err = scheduledOf(o, "od"); return })
+	e.seen.mu.Lock()
+	defer e.seen.mu.Unlock()
+	if len(e.seen.scheduled["spot3"]) != 0 {
+		t.Fatal("the spot request took the capacity freed for on-demand")
+	}
+}
+
+// A request whose ids cannot be answered (no rental id) is dead-lettered
+// with the reason; the scheduler goes on with the next one.
+func TestARequestWithoutUsableIDsIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.register(gpuNode("n1", 1, capacity.MarketOnDemand))
+	e.replica(testConfig(), time.Now)
+	bad := requested("", "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), time.Now())
+	bad.Meta.EventId = "req:bad"
+	raw, err := proto.Marshal(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := e.admin.JetStream()
+	msg := nats.NewMsg("rental.acme.requested")
+	msg.Data = raw
+	msg.Header.Set(jetstream.MsgIDHeader, "req:bad")
+	msg.Header.Set(bus.HeaderEvent, bus.EventName(bad))
+	if _, err := js.PublishMsg(t.Context(), msg); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(requested("good", "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), time.Now()))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { _, err = scheduledOf(o, "good"); return })
+	testkit.Eventually(t, 20*time.Second, func() error {
+		stream, err := js.Stream(t.Context(), topology.StreamDeadLetter)
+		if err != nil {
+			return err
+		}
+		m, err := stream.GetLastMsgForSubject(t.Context(), "dlq.RENTALS.scheduler")
+		if err != nil {
+			return err
+		}
+		if reason := m.Header.Get(bus.HeaderDLQReason); !strings.Contains(reason, "rental_id") {
+			return fmt.Errorf("dead letter reason %q", reason)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,191 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/proto"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/fault"
+)
+
+// Outcomes a rental request ends with. Exactly one is recorded per rental
+// (SET NX): the replica that records it acts on it, any other replica that
+// reserved capacity for the same rental gives it back.
+const (
+	outcomeScheduled = "scheduled"
+	outcomeRejected  = "rejected"
+	outcomeCancelled = "cancelled"
+)
+
+// records is the scheduler's own state in Redis, beside the capacity store:
+//
+//	<prefix>:sched:outcome:<rental>  string  the rental's outcome (TTL)
+//	<prefix>:sched:class             hash    rental -> "<class>:<priority>" of placed rentals
+//	<prefix>:sched:pending           hash    rental -> pending entry JSON
+//
+// Each operation is one Redis command or one pipeline of independent
+// commands; the outcome claim is a single SET NX GET, so two replicas can
+// never both win it.
+type records struct {
+	rdb    redis.UniversalClient
+	prefix string
+	ttl    time.Duration
+}
+
+func (r records) outcomeKey(id string) string { return r.prefix + ":sched:outcome:" + id }
+func (r records) classKey() string            { return r.prefix + ":sched:class" }
+func (r records) pendingKey() string          { return r.prefix + ":sched:pending" }
+
+func unavailable(op string, err error) error {
+	return fmt.Errorf("scheduler records: %s: %w: %v", op, fault.ErrUnavailable, err)
+}
+
+// claimed is the outcome recorded for a rental, and whether this claim
+// recorded it.
+type claimed struct {
+	Outcome string
+	Won     bool
+}
+
+// claim records outcome want for each rental that has none, and returns the
+// outcome recorded for each. Placed rentals get their class recorded in the
+// same pipeline, and leave the pending set.
+func (r records) claim(ctx context.Context, ids []string, want string, classes []classRecord) ([]claimed, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	pipe := r.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = pipe.Do(ctx, "SET", r.outcomeKey(id), want, "NX", "GET", "EX", int64(r.ttl/time.Second))
+	}
+	if classes != nil {
+		args := make([]any, 0, 2*len(ids))
+		for i, id := range ids {
+			args = append(args, id, classes[i].String())
+		}
+		pipe.HSet(ctx, r.classKey(), args...)
+	}
+	pipe.HDel(ctx, r.pendingKey(), ids...)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, unavailable("claim outcomes", err)
+	}
+	out := make([]claimed, len(ids))
+	for i, c := range cmds {
+		v, err := c.Text()
+		switch {
+		case errors.Is(err, redis.Nil):
+			out[i] = claimed{want, true}
+		case err != nil:
+			return nil, unavailable("claim outcome", err)
+		default:
+			out[i] = claimed{v, false}
+		}
+	}
+	return out, nil
+}
+
+// outcome is a rental's recorded outcome, "" when none.
+func (r records) outcome(ctx context.Context, id string) (string, error) {
+	v, err := r.rdb.Get(ctx, r.outcomeKey(id)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", unavailable("read outcome", err)
+	}
+	return v, nil
+}
+
+// classes reads the class records of rentals (missing ones are absent).
+func (r records) classes(ctx context.Context, ids []string) (map[string]classRecord, error) {
+	out := map[string]classRecord{}
+	for start := 0; start < len(ids); start += 1000 {
+		chunk := ids[start:min(len(ids), start+1000)]
+		vals, err := r.rdb.HMGet(ctx, r.classKey(), chunk...).Result()
+		if err != nil {
+			return nil, unavailable("read classes", err)
+		}
+		for i, v := range vals {
+			if s, ok := v.(string); ok {
+				if rec, ok := parseClassRecord(s); ok {
+					out[chunk[i]] = rec
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// forget drops a released rental's class record.
+func (r records) forget(ctx context.Context, id string) error {
+	if err := r.rdb.HDel(ctx, r.classKey(), id).Err(); err != nil {
+		return unavailable("forget class", err)
+	}
+	return nil
+}
+
+// pendingEntry is a request waiting for capacity.
+type pendingEntry struct {
+	Request []byte `json:"request"` // RentalRequested, protobuf
+	Reason  int32  `json:"reason"`
+	// PreemptUntil: a preemption was started for this request; no other
+	// is started before then.
+	PreemptUntil time.Time `json:"preempt_until,omitzero"`
+	ev           *shizuv1.RentalRequested
+}
+
+func (r records) putPending(ctx context.Context, entries []pendingEntry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 2*len(entries))
+	for _, e := range entries {
+		raw, err := json.Marshal(e)
+		if err != nil {
+			return fmt.Errorf("encode pending %s: %w", e.ev.GetRentalId(), err)
+		}
+		args = append(args, e.ev.GetRentalId(), raw)
+	}
+	if err := r.rdb.HSet(ctx, r.pendingKey(), args...).Err(); err != nil {
+		return unavailable("store pending", err)
+	}
+	return nil
+}
+
+func (r records) dropPending(ctx context.Context, ids ...string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if err := r.rdb.HDel(ctx, r.pendingKey(), ids...).Err(); err != nil {
+		return unavailable("drop pending", err)
+	}
+	return nil
+}
+
+// pending reads every waiting request; undecodable entries are returned by
+// id so the caller can drop them.
+func (r records) pending(ctx context.Context) ([]pendingEntry, []string, error) {
+	all, err := r.rdb.HGetAll(ctx, r.pendingKey()).Result()
+	if err != nil {
+		return nil, nil, unavailable("read pending", err)
+	}
+	var out []pendingEntry
+	var bad []string
+	for id, raw := range all {
+		var e pendingEntry
+		e.ev = &shizuv1.RentalRequested{}
+		if json.Unmarshal([]byte(raw), &e) != nil || proto.Unmarshal(e.Request, e.ev) != nil || e.ev.GetRentalId() != id {
+			bad = append(bad, id)
+			continue
+		}
+		out = append(out, e)
+	}
+	return out, bad, nil
+}

@@ -1,0 +1,810 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/services/scheduler/queue"
+	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/subject"
+)
+
+// Deps are what a Scheduler runs on.
+type Deps struct {
+	Bus   *bus.Conn
+	Store *capacity.Store
+	Redis redis.UniversalClient
+	Log   *slog.Logger
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// Metrics may be nil.
+	Metrics *Metrics
+}
+
+// Scheduler is one replica: it takes rental requests from the bus, places
+// them from an in-memory view of the capacity store, commits through the
+// store's atomic reserve and publishes the outcome. Several replicas run at
+// once on one durable consumer; the store's reserve and the outcome record
+// keep them from double booking.
+type Scheduler struct {
+	cfg    Config
+	d      Deps
+	rec    records
+	placer *placement.Placer
+	// catalogue is read by handlers concurrently; never written.
+	catalogue placement.Catalogue
+	window    *placement.Window
+	in        chan *job
+	kick      chan struct{}
+	// publishing bounds the rounds whose events are still being acked;
+	// publishers waits for them at shutdown.
+	publishing chan struct{}
+	publishers sync.WaitGroup
+	source     string
+	metrics    *Metrics
+
+	// Owned by the loop goroutine.
+	cluster     placement.Cluster
+	index       map[string]int
+	version     uint64
+	refreshedAt time.Time
+	stale       map[string]bool
+	// lastRetry is the store version the pending set was last tried at;
+	// nextDeadline the earliest pending deadline (or preemption notice) then.
+	lastRetry    uint64
+	nextDeadline time.Time
+}
+
+// job is one request in a scheduling round.
+type job struct {
+	ev       *shizuv1.RentalRequested
+	r        placement.Request
+	enqueued time.Time
+	deadline time.Time
+	// fromPending: the request was already acknowledged and waits in the
+	// pending set; nobody waits on done.
+	fromPending  bool
+	preemptUntil time.Time
+	reason       shizuv1.PendingReason
+	done         chan error
+
+	// round state
+	placed   placement.Placement
+	alloc    capacity.Allocation
+	err      error
+	outcome  string
+	tries    int
+	noFit    bool
+	received time.Time
+}
+
+// New builds a scheduler replica.
+func New(cfg Config, d Deps) (*Scheduler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Log == nil {
+		d.Log = slog.Default()
+	}
+	catalogue := placement.DefaultCatalogue()
+	pl, err := placement.NewPlacer(placement.Options{Policy: placement.Policy(cfg.Policy), Catalogue: catalogue, MaxCandidates: cfg.MaxCandidates})
+	if err != nil {
+		return nil, err
+	}
+	return &Scheduler{
+		cfg: cfg, d: d, placer: pl, catalogue: catalogue,
+		rec:        records{rdb: d.Redis, prefix: cfg.KeyPrefix, ttl: cfg.OutcomeTTL},
+		window:     placement.NewWindow(cfg.WorkloadWindow, max(1, cfg.WorkloadWindow/10)),
+		in:         make(chan *job, cfg.BatchSize),
+		kick:       make(chan struct{}, 1),
+		publishing: make(chan struct{}, maxPublishing),
+		source:     "scheduler",
+		metrics:    d.Metrics,
+		index:      map[string]int{},
+		stale:      map[string]bool{},
+	}, nil
+}
+
+// Router returns the handlers of the scheduler's durable consumer.
+func (s *Scheduler) Router() *bus.Router {
+	r := bus.NewRouter()
+	r.Handle(bus.EventName(&shizuv1.RentalRequested{}), s.onRequested)
+	r.EventForSubject(subject.RentalRequestedAll, bus.EventName(&shizuv1.RentalRequested{}))
+	bus.On(r, s.onCancel)
+	bus.On(r, s.onStopped)
+	bus.On(r, func(ctx context.Context, ev *shizuv1.RentalMigrating, _ bus.Delivery) error {
+		// Re-placing migrating rentals is failover's story (issue 6); the
+		// scheduler acknowledges it.
+		s.d.Log.InfoContext(ctx, "migrating rental acknowledged; re-placement not handled here", "rental", ev.GetRentalId())
+		return nil
+	})
+	return r
+}
+
+// onRequested takes a request: a spec that fails validation is rejected at
+// once with the reason (a request whose ids are unusable is dead-lettered);
+// anything else joins the next scheduling round, and the delivery is
+// acknowledged once its outcome is published.
+func (s *Scheduler) onRequested(ctx context.Context, d bus.Delivery) error {
+	ev := &shizuv1.RentalRequested{}
+	if err := proto.Unmarshal(d.Data, ev); err != nil {
+		return fault.Invalid("decode RentalRequested: %v", err)
+	}
+	if err := ev.Validate(); err != nil {
+		if !headerValid(ev) {
+			return fault.Invalid("RentalRequested: %v", err)
+		}
+		return s.rejectNow(ctx, ev, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
+	}
+	r := requestOf(ev)
+	if err := r.Validate(s.catalogue); err != nil {
+		return s.rejectNow(ctx, ev, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
+	}
+	enq := ev.GetMeta().GetOccurredAt().AsTime()
+	j := &job{ev: ev, r: r, enqueued: enq, deadline: enq.Add(s.cfg.PendingTimeout), done: make(chan error, 1), received: s.d.Now()}
+	select {
+	case s.in <- j:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-j.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// headerValid reports whether a request's envelope and ids are usable to
+// answer it (its spec aside).
+func headerValid(ev *shizuv1.RentalRequested) bool {
+	probe := &shizuv1.RentalRequested{Meta: ev.GetMeta(), RentalId: ev.GetRentalId(), TenantId: ev.GetTenantId(),
+		Spec: &shizuv1.RentalSpec{GpuCount: 1, MilliGpu: 1000, Plan: shizuv1.Plan_PLAN_ON_DEMAND}}
+	return probe.Validate() == nil
+}
+
+// rejectNow records and publishes a rejection for a request that never
+// reached a round.
+func (s *Scheduler) rejectNow(ctx context.Context, ev *shizuv1.RentalRequested, reason shizuv1.RejectReason, msg string) error {
+	got, err := s.rec.claim(ctx, []string{ev.GetRentalId()}, outcomeRejected, nil)
+	if err != nil {
+		return err
+	}
+	if got[0].Outcome != outcomeRejected {
+		return nil // already decided otherwise
+	}
+	b := s.d.Bus.NewBatch()
+	if err := s.queueRejected(ctx, b, ev, reason, msg); err != nil {
+		return err
+	}
+	_, err = b.Wait(ctx)
+	s.metrics.outcome(ctx, "rejected")
+	return err
+}
+
+func (s *Scheduler) queueRejected(ctx context.Context, b *bus.Batch, ev *shizuv1.RentalRequested, reason shizuv1.RejectReason, msg string) error {
+	subj, err := subject.Format(subject.RentalRejected, ev.GetTenantId())
+	if err != nil {
+		return fault.Invalid("%v", err)
+	}
+	return b.Publish(ctx, subj, &shizuv1.RentalRejected{
+		Meta:     meta("rental:"+ev.GetRentalId()+":rejected", s.source, ev.GetMeta(), ev.GetRentalId(), s.d.Now()),
+		RentalId: ev.GetRentalId(), TenantId: ev.GetTenantId(), Reason: reason, Message: truncate(msg, 1000),
+	})
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// onCancel ends a rental the tenant cancelled: not placed yet, it is
+// rejected (REJECT_REASON_CANCELLED); placed, its node agent is told to
+// stop it, and its capacity comes back with RentalStopped.
+func (s *Scheduler) onCancel(ctx context.Context, ev *shizuv1.RentalCancelRequested, _ bus.Delivery) error {
+	got, err := s.rec.claim(ctx, []string{ev.GetRentalId()}, outcomeCancelled, nil)
+	if err != nil {
+		return err
+	}
+	b := s.d.Bus.NewBatch()
+	switch got[0].Outcome {
+	case outcomeCancelled:
+		subj, err := subject.Format(subject.RentalRejected, ev.GetTenantId())
+		if err != nil {
+			return fault.Invalid("%v", err)
+		}
+		if err := b.Publish(ctx, subj, &shizuv1.RentalRejected{
+			Meta:     meta("rental:"+ev.GetRentalId()+":rejected", s.source, ev.GetMeta(), ev.GetRentalId(), s.d.Now()),
+			RentalId: ev.GetRentalId(), TenantId: ev.GetTenantId(), Reason: shizuv1.RejectReason_REJECT_REASON_CANCELLED,
+			Message: "cancelled before it was placed",
+		}); err != nil {
+			return err
+		}
+	case outcomeScheduled:
+		a, err := s.d.Store.Allocation(ctx, ev.GetRentalId())
+		if capacity.IsNotFound(err) {
+			return nil // already stopped and released
+		}
+		if err != nil {
+			return err
+		}
+		subj, err := subject.Format(subject.AgentCmd, a.NodeID, "stop")
+		if err != nil {
+			return fault.Invalid("%v", err)
+		}
+		if err := b.Publish(ctx, subj, &shizuv1.StopRental{
+			Meta:     meta(fmt.Sprintf("cmd:stop:%s:%d", ev.GetRentalId(), 1), s.source, ev.GetMeta(), ev.GetRentalId(), s.d.Now()),
+			RentalId: ev.GetRentalId(), TenantId: ev.GetTenantId(), NodeId: a.NodeID, Attempt: 1,
+			Reason: shizuv1.ExitReason_EXIT_REASON_CANCELLED, GracePeriod: durationpb.New(30 * time.Second),
+		}); err != nil {
+			return err
+		}
+	default:
+		return nil // rejected already
+	}
+	_, err = b.Wait(ctx)
+	return err
+}
+
+// onStopped gives a stopped rental's capacity back (only the allocation on
+// the node that reports the stop: a rental re-placed elsewhere keeps its
+// new one), then wakes the pending requests.
+func (s *Scheduler) onStopped(ctx context.Context, ev *shizuv1.RentalStopped, _ bus.Delivery) error {
+	a, err := s.d.Store.Allocation(ctx, ev.GetRentalId())
+	if capacity.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if a.NodeID != ev.GetNodeId() {
+		return nil
+	}
+	if _, err := s.d.Store.Release(ctx, ev.GetRentalId()); err != nil {
+		return err
+	}
+	if err := s.rec.forget(ctx, ev.GetRentalId()); err != nil {
+		return err
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// maxPublishing is how many rounds may await their acks at once.
+const maxPublishing = 4
+
+// Run is the scheduling loop; it returns when ctx ends, once the events of
+// every round are acknowledged.
+func (s *Scheduler) Run(ctx context.Context) {
+	tick := time.NewTicker(s.cfg.PendingRetry)
+	defer tick.Stop()
+	defer s.publishers.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case j := <-s.in:
+			batch := []*job{j}
+		fill:
+			for len(batch) < s.cfg.BatchSize {
+				select {
+				case j := <-s.in:
+					batch = append(batch, j)
+				default:
+					break fill
+				}
+			}
+			s.round(ctx, batch)
+		case <-tick.C:
+			s.retryPending(ctx, false)
+		case <-s.kick:
+			s.retryPending(ctx, true)
+		}
+	}
+}
+
+// refresh reads the whole store into the in-memory view.
+func (s *Scheduler) refresh(ctx context.Context) error {
+	snap, err := s.d.Store.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for i := range snap.Nodes {
+		for _, a := range snap.Nodes[i].Allocations {
+			ids = append(ids, a.RentalID)
+		}
+	}
+	classes, err := s.rec.classes(ctx, ids)
+	if err != nil {
+		return err
+	}
+	s.cluster.Nodes = s.cluster.Nodes[:0]
+	clear(s.index)
+	for i := range snap.Nodes {
+		s.index[snap.Nodes[i].ID] = len(s.cluster.Nodes)
+		s.cluster.Nodes = append(s.cluster.Nodes, nodeOf(&snap.Nodes[i], classes))
+	}
+	s.version, s.refreshedAt = snap.Version, s.d.Now()
+	clear(s.stale)
+	s.metrics.refreshed(ctx)
+	return nil
+}
+
+// refreshNode re-reads one node after a refused reserve.
+func (s *Scheduler) refreshNode(ctx context.Context, id string) error {
+	st, err := s.d.Store.Node(ctx, id)
+	i, known := s.index[id]
+	if capacity.IsNotFound(err) {
+		if known {
+			s.cluster.Nodes[i].Ready = false
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for _, a := range st.Allocations {
+		ids = append(ids, a.RentalID)
+	}
+	classes, err := s.rec.classes(ctx, ids)
+	if err != nil {
+		return err
+	}
+	n := nodeOf(&st, classes)
+	if known {
+		s.cluster.Nodes[i] = n
+	} else {
+		s.index[id] = len(s.cluster.Nodes)
+		s.cluster.Nodes = append(s.cluster.Nodes, n)
+	}
+	return nil
+}
+
+// ensureFresh refreshes the view when the store moved and the view is
+// older than SnapshotMaxAge (or at once with force).
+func (s *Scheduler) ensureFresh(ctx context.Context, force bool) error {
+	if s.refreshedAt.IsZero() {
+		return s.refresh(ctx)
+	}
+	if !force && s.d.Now().Sub(s.refreshedAt) < s.cfg.SnapshotMaxAge {
+		return nil
+	}
+	v, err := s.d.Store.Version(ctx)
+	if err != nil {
+		return err
+	}
+	if v == s.version {
+		return nil
+	}
+	return s.refresh(ctx)
+}
+
+// retryPending runs a round over the pending set when capacity may have
+// freed (the store moved) or a deadline may have passed.
+func (s *Scheduler) retryPending(ctx context.Context, kicked bool) {
+	v, err := s.d.Store.Version(ctx)
+	if err != nil {
+		s.d.Log.WarnContext(ctx, "read store version", "err", err)
+		return
+	}
+	now := s.d.Now()
+	if v == s.lastRetry && !kicked && now.Before(s.nextDeadline) {
+		return // nothing freed and no deadline passed: skip reading the set
+	}
+	entries, bad, err := s.rec.pending(ctx)
+	if err != nil {
+		s.d.Log.WarnContext(ctx, "read pending requests", "err", err)
+		return
+	}
+	if len(bad) > 0 {
+		s.d.Log.ErrorContext(ctx, "dropping undecodable pending entries", "count", len(bad))
+		_ = s.rec.dropPending(ctx, bad...)
+	}
+	s.lastRetry = v
+	s.nextDeadline = now.Add(s.cfg.PendingTimeout)
+	var jobs []*job
+	for _, e := range entries {
+		enq := e.ev.GetMeta().GetOccurredAt().AsTime()
+		j := &job{ev: e.ev, r: requestOf(e.ev), enqueued: enq, deadline: enq.Add(s.cfg.PendingTimeout),
+			fromPending: true, preemptUntil: e.PreemptUntil, reason: shizuv1.PendingReason(e.Reason), done: make(chan error, 1)}
+		if j.deadline.Before(s.nextDeadline) {
+			s.nextDeadline = j.deadline
+		}
+		if !e.PreemptUntil.IsZero() && now.Before(e.PreemptUntil) && e.PreemptUntil.Before(s.nextDeadline) {
+			s.nextDeadline = e.PreemptUntil
+		}
+		jobs = append(jobs, j)
+	}
+	for start := 0; start < len(jobs); start += s.cfg.BatchSize {
+		s.round(ctx, jobs[start:min(len(jobs), start+s.cfg.BatchSize)])
+	}
+}
+
+// maxPasses bounds how often one round re-places requests whose reserve
+// was refused (another replica took the capacity first).
+const maxPasses = 4
+
+// round places a batch of requests: order them (level one), place each on
+// the in-memory view (level two), commit the reservations in parallel,
+// re-place the refused ones on fresh node state, record the outcomes, and
+// publish. Each job's done gets nil once its outcome is published, or the
+// error that should redeliver it.
+func (s *Scheduler) round(ctx context.Context, batch []*job) {
+	start := s.d.Now()
+	if err := s.ensureFresh(ctx, false); err != nil {
+		finish(batch, err)
+		return
+	}
+	s.order(batch, start)
+	for _, j := range batch {
+		if !j.fromPending {
+			s.window.Add(placement.ShapeOf(&j.r))
+		}
+	}
+	w := s.window.Workload()
+	s.placer.SetWorkload(&w)
+
+	todo := batch
+	var placed, noFit []*job
+	refreshed := false
+	for pass := 0; pass < maxPasses && len(todo) > 0; pass++ {
+		var commit []*job
+		for _, j := range todo {
+			p, err := s.placer.Place(&s.cluster, &j.r)
+			switch {
+			case err == nil:
+				j.placed = p
+				s.cluster.Nodes[s.index[p.NodeID]].Apply(&j.r, p, start)
+				commit = append(commit, j)
+			case errors.Is(err, placement.ErrNoFit):
+				j.noFit = true
+				noFit = append(noFit, j)
+			default:
+				j.err = fault.Invalid("%v", err)
+				placed = append(placed, j) // finished with an error
+			}
+		}
+		todo = nil
+		s.commit(ctx, commit)
+		for _, j := range commit {
+			switch {
+			case j.err == nil:
+				placed = append(placed, j)
+			case capacity.IsInsufficient(j.err) || capacity.IsFenced(j.err) || capacity.IsConflict(j.err) || capacity.IsNotFound(j.err):
+				s.metrics.conflict(ctx)
+				s.removeLocal(j.placed.NodeID, j.r.ID)
+				s.stale[j.placed.NodeID] = true
+				j.err = nil
+				todo = append(todo, j)
+			default:
+				placed = append(placed, j) // transient: redeliver
+			}
+		}
+		for id := range s.stale {
+			if err := s.refreshNode(ctx, id); err != nil {
+				s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
+			}
+			delete(s.stale, id)
+		}
+		// Requests that found no room while the store moved get one more
+		// pass on a fresh view.
+		if len(todo) == 0 && len(noFit) > 0 && !refreshed && pass < maxPasses-1 {
+			refreshed = true
+			if v, err := s.d.Store.Version(ctx); err == nil && v != s.version {
+				if err := s.refresh(ctx); err == nil {
+					todo, noFit = noFit, nil
+					for _, j := range todo {
+						j.noFit = false
+					}
+				}
+			}
+		}
+	}
+	for _, j := range todo { // still refused after maxPasses: try again later
+		j.err = fault.Unavailable("placement of %s refused %d times; retrying", j.r.ID, maxPasses)
+		placed = append(placed, j)
+	}
+	s.finishRound(ctx, placed, noFit, start)
+}
+
+// order sorts a batch by the level-one queue order.
+func (s *Scheduler) order(batch []*job, now time.Time) {
+	items := make([]queue.Item, len(batch))
+	for i, j := range batch {
+		items[i] = queue.Item{ID: j.r.ID, Tenant: j.r.Tenant, Class: j.r.Class, Priority: j.r.Priority, Enqueued: j.enqueued, Value: j}
+	}
+	queue.Order(items, now, queue.Options{AgingStep: s.cfg.AgingStep})
+	for i, it := range items {
+		batch[i] = it.Value.(*job)
+	}
+}
+
+// commit reserves every placed job in the store, CommitWorkers at a time.
+func (s *Scheduler) commit(ctx context.Context, jobs []*job) {
+	if len(jobs) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	next := make(chan *job)
+	for range min(s.cfg.CommitWorkers, len(jobs)) {
+		wg.Go(func() {
+			for j := range next {
+				j.tries++
+				j.alloc, j.err = s.d.Store.Reserve(ctx, placementOf(&j.r, j.placed))
+			}
+		})
+	}
+	for _, j := range jobs {
+		next <- j
+	}
+	close(next)
+	wg.Wait()
+}
+
+// finishRound records outcomes and publishes them.
+func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now time.Time) {
+	b := s.d.Bus.NewBatch()
+	var ok []*job
+	for _, j := range placed {
+		if j.err == nil {
+			ok = append(ok, j)
+		}
+	}
+	// Record the outcome; where another replica or a cancel decided first,
+	// give the capacity back.
+	ids := make([]string, len(ok))
+	classes := make([]classRecord, len(ok))
+	for i, j := range ok {
+		ids[i], classes[i] = j.r.ID, classRecord{j.r.Class, j.r.Priority}
+	}
+	outcomes, err := s.rec.claim(ctx, ids, outcomeScheduled, classes)
+	if err != nil {
+		for _, j := range ok {
+			j.err = err
+		}
+	}
+	for i, j := range ok {
+		if err != nil {
+			break
+		}
+		j.outcome = outcomes[i].Outcome
+		// Give the capacity back when another outcome was recorded first
+		// (a cancel, a timeout), and when this is a redelivery of a rental
+		// scheduled before whose allocation is gone (it ran and stopped):
+		// the new reservation must not outlive it.
+		if j.outcome != outcomeScheduled || (!outcomes[i].Won && !j.alloc.Existing) {
+			j.outcome = ""
+			if _, rerr := s.d.Store.Release(ctx, j.r.ID); rerr != nil {
+				j.err = rerr
+			}
+			s.removeLocal(j.placed.NodeID, j.r.ID)
+			continue
+		}
+		if j.alloc.Existing {
+			// Placed before (a redelivery, or another replica): publish
+			// what the store recorded; the view is fixed on next refresh.
+			s.removeLocal(j.placed.NodeID, j.r.ID)
+			s.stale[j.alloc.NodeID] = true
+		}
+		var node *placement.Node
+		if k, known := s.index[j.alloc.NodeID]; known {
+			node = &s.cluster.Nodes[k]
+		}
+		sched := scheduledOf(j.ev, j.alloc, node, s.source, now)
+		if j.err = s.queueScheduled(ctx, b, sched); j.err != nil {
+			continue
+		}
+		s.metrics.outcome(ctx, "scheduled")
+	}
+	s.handleNoFit(ctx, b, noFit, now)
+	// Wait for the acks off the loop, so the next round places while this
+	// one's events are being stored; at most maxPublishing rounds at once.
+	s.publishing <- struct{}{}
+	s.publishers.Go(func() {
+		defer func() { <-s.publishing }()
+		_, err := b.Wait(ctx)
+		for _, j := range append(placed, noFit...) {
+			if j.err == nil {
+				j.err = err
+			}
+			if j.err != nil && !fault.IsInvalid(j.err) {
+				s.d.Log.WarnContext(ctx, "scheduling failed; the request is retried", "rental", j.r.ID, "err", j.err)
+			}
+			if j.outcome == outcomeScheduled && j.err == nil {
+				s.metrics.latency(ctx, j, s.d.Now())
+			}
+			j.done <- j.err
+		}
+	})
+}
+
+func (s *Scheduler) queueScheduled(ctx context.Context, b *bus.Batch, sched *shizuv1.RentalScheduled) error {
+	subj, err := subject.Format(subject.RentalScheduled, sched.GetTenantId())
+	if err != nil {
+		return fault.Invalid("%v", err)
+	}
+	if err := b.Publish(ctx, subj, sched); err != nil {
+		return err
+	}
+	cmdSubj, err := subject.Format(subject.AgentCmd, sched.GetNodeId(), "start")
+	if err != nil {
+		return fault.Invalid("%v", err)
+	}
+	return b.Publish(ctx, cmdSubj, &shizuv1.StartRental{
+		Meta:      meta(fmt.Sprintf("cmd:start:%s:%d", sched.GetRentalId(), sched.GetAttempt()), s.source, sched.GetMeta(), sched.GetRentalId(), sched.GetMeta().GetOccurredAt().AsTime()),
+		Scheduled: sched,
+	})
+}
+
+// handleNoFit decides for requests that fit nowhere: past the deadline,
+// rejected; an on-demand or reserved request that evicting spot rentals
+// makes fit, preemption; otherwise pending with a capacity shortage.
+func (s *Scheduler) handleNoFit(ctx context.Context, b *bus.Batch, jobs []*job, now time.Time) {
+	var expired []*job
+	var pending []pendingEntry
+	for _, j := range jobs {
+		if now.After(j.deadline) {
+			expired = append(expired, j)
+			continue
+		}
+		reason := shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY
+		preemptUntil := j.preemptUntil
+		if now.Before(j.preemptUntil) {
+			reason = shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION
+		} else if plan, ok := s.placer.PlanPreemption(&s.cluster, &j.r, now); ok {
+			if err := s.queuePreemption(ctx, b, j, plan, now); err != nil {
+				j.err = err
+				continue
+			}
+			reason = shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION
+			preemptUntil = now.Add(2 * s.cfg.PreemptionNotice)
+		}
+		if j.fromPending && reason == j.reason && preemptUntil.Equal(j.preemptUntil) {
+			continue // nothing new to say
+		}
+		raw, err := proto.Marshal(j.ev)
+		if err != nil {
+			j.err = fault.Invalid("encode request: %v", err)
+			continue
+		}
+		pending = append(pending, pendingEntry{Request: raw, Reason: int32(reason), PreemptUntil: preemptUntil, ev: j.ev})
+		if s.nextDeadline.IsZero() || j.deadline.Before(s.nextDeadline) {
+			s.nextDeadline = j.deadline
+		}
+		missing := s.placer.Shortage(&s.cluster, &j.r)
+		vec := vectorOf(&j.r, missing)
+		if err := s.queuePending(ctx, b, j, reason, vec, now); err != nil {
+			j.err = err
+			continue
+		}
+		s.metrics.outcome(ctx, "pending")
+	}
+	if err := s.rec.putPending(ctx, pending); err != nil {
+		for _, j := range jobs {
+			j.err = err
+		}
+		return
+	}
+	if len(expired) == 0 {
+		return
+	}
+	ids := make([]string, len(expired))
+	for i, j := range expired {
+		ids[i] = j.r.ID
+	}
+	got, err := s.rec.claim(ctx, ids, outcomeRejected, nil)
+	if err != nil {
+		for _, j := range expired {
+			j.err = err
+		}
+		return
+	}
+	for i, j := range expired {
+		if got[i].Outcome != outcomeRejected {
+			continue
+		}
+		msg := fmt.Sprintf("no capacity for %s within %s", describe(&j.r), s.cfg.PendingTimeout)
+		j.err = s.queueRejected(ctx, b, j.ev, shizuv1.RejectReason_REJECT_REASON_PENDING_TIMEOUT, msg)
+		s.metrics.outcome(ctx, "rejected")
+	}
+}
+
+func describe(r *placement.Request) string {
+	s := fmt.Sprintf("%d GPU(s) of %d milli", r.GPUCount, r.MilliPerGPU)
+	if r.NVLink {
+		s += " over NVLink"
+	}
+	if r.MIGProfile != "" {
+		s += " as MIG " + r.MIGProfile
+	}
+	if len(r.Models) > 0 {
+		s += fmt.Sprintf(" of %v", r.Models)
+	}
+	return s
+}
+
+func (s *Scheduler) queuePending(ctx context.Context, b *bus.Batch, j *job, reason shizuv1.PendingReason, vec *shizuv1.ResourceVector, now time.Time) error {
+	subj, err := subject.Format(subject.RentalPending, j.ev.GetTenantId())
+	if err != nil {
+		return fault.Invalid("%v", err)
+	}
+	msg := "waiting for capacity: " + describe(&j.r)
+	if reason == shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION {
+		msg = "waiting for spot rentals to be preempted: " + describe(&j.r)
+	}
+	if err := b.Publish(ctx, subj, &shizuv1.RentalPending{
+		Meta:     meta(fmt.Sprintf("rental:%s:pending:%d", j.r.ID, reason), s.source, j.ev.GetMeta(), j.r.ID, now),
+		RentalId: j.r.ID, TenantId: j.r.Tenant, Reason: reason, Missing: vec,
+		Deadline: timestamppb.New(j.deadline), Message: msg,
+	}); err != nil {
+		return err
+	}
+	if reason != shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY {
+		return nil
+	}
+	return b.Publish(ctx, subject.CapacityShortage, &shizuv1.CapacityShortage{
+		Meta:    meta("shortage:"+j.r.ID, s.source, j.ev.GetMeta(), j.r.ID, now),
+		Missing: vec, RentalIds: []string{j.r.ID},
+	})
+}
+
+func (s *Scheduler) queuePreemption(ctx context.Context, b *bus.Batch, j *job, plan placement.Preemption, now time.Time) error {
+	k, ok := s.index[plan.NodeID]
+	if !ok {
+		return fault.Unavailable("node %s left the view", plan.NodeID)
+	}
+	node := &s.cluster.Nodes[k]
+	for _, v := range plan.Victims {
+		subj, err := subject.Format(subject.RentalPreempted, v.Tenant)
+		if err != nil {
+			return fault.Invalid("%v", err)
+		}
+		if err := b.Publish(ctx, subj, &shizuv1.RentalPreempted{
+			Meta:     meta(fmt.Sprintf("rental:%s:preempted:%s", v.RentalID, j.r.ID), s.source, j.ev.GetMeta(), v.RentalID, now),
+			RentalId: v.RentalID, TenantId: v.Tenant, NodeId: node.ID, NodeEpoch: int64(node.Epoch),
+			NoticeDeadline: timestamppb.New(now.Add(s.cfg.PreemptionNotice)),
+			Reason:         shizuv1.PreemptReason_PREEMPT_REASON_HIGHER_PRIORITY, PreemptingRentalId: j.r.ID,
+			Message: fmt.Sprintf("preempted for a %s rental", j.r.Class),
+		}); err != nil {
+			return err
+		}
+		s.metrics.preempted(ctx)
+	}
+	return nil
+}
+
+// removeLocal takes a rental out of the in-memory view.
+func (s *Scheduler) removeLocal(node, rental string) {
+	if k, ok := s.index[node]; ok {
+		s.cluster.Nodes[k].Remove(rental)
+	}
+}
+
+func finish(jobs []*job, err error) {
+	for _, j := range jobs {
+		j.done <- err
+	}
+}

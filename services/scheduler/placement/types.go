@@ -1,0 +1,248 @@
+package placement
+
+import (
+	"slices"
+	"time"
+)
+
+// MilliPerGPU is the capacity of one GPU in milli-GPU.
+const MilliPerGPU = 1000
+
+// DefaultMaxSharers is how many rentals may share one GPU when GPU.MaxSharers
+// is 0: the level below which time-slicing costs under 8 % of FP32 throughput.
+const DefaultMaxSharers = 4
+
+// Class is a rental's pricing class; higher classes are placed first and
+// never preempted by lower ones.
+type Class int
+
+// Classes, lowest first.
+const (
+	ClassSpot Class = iota + 1
+	ClassOnDemand
+	ClassReserved
+)
+
+func (c Class) String() string {
+	switch c {
+	case ClassSpot:
+		return "spot"
+	case ClassOnDemand:
+		return "on-demand"
+	case ClassReserved:
+		return "reserved"
+	}
+	return "unknown"
+}
+
+// Market is how a node is bought from its provider.
+type Market string
+
+// Markets; MarketAny in a request means either.
+const (
+	MarketAny      Market = ""
+	MarketOnDemand Market = "on-demand"
+	MarketSpot     Market = "spot"
+)
+
+// Cluster is what the placement sees: every node with its free capacity.
+type Cluster struct {
+	Nodes []Node
+}
+
+// Node is one GPU host as the scheduler sees it.
+type Node struct {
+	ID     string
+	Epoch  uint64
+	Ready  bool
+	Zone   string
+	Market Market
+	TEE    bool
+	// TieRank orders nodes whose scores are equal (lower wins); nodes with
+	// the same TieRank are ordered by a hash of request and node id.
+	TieRank       uint64
+	CPUMilli      int64
+	MemoryMiB     int64
+	FreeCPUMilli  int64
+	FreeMemoryMiB int64
+	GPUs          []GPU // GPUs[i].Index == i
+	// Allocations are the rentals on the node (used by preemption and by
+	// packing scores); they are already deducted from the free capacity.
+	Allocations []Allocation
+	// PricePerGPUHourMicros is the node's price (informational).
+	PricePerGPUHourMicros int64
+}
+
+// GPU is one device of a node and its free capacity. The fields read on
+// every decision come first, so a scan touches one cache line per GPU.
+type GPU struct {
+	// FreeMilli and FreeVRAMMiB are what no rental holds.
+	FreeMilli   int64
+	FreeVRAMMiB int64
+	// Sharers is the number of rentals on the GPU; MaxSharers its limit
+	// (0 = DefaultMaxSharers).
+	Sharers    int
+	MaxSharers int
+	// MIGSlices is the number of MIG compute slices (of 7) in use; a GPU
+	// with MIG slices takes only MIG rentals, and one time-shared by
+	// non-MIG rentals takes no MIG rental.
+	MIGSlices  int
+	VRAMMiB    int64
+	Index      int
+	MIGCapable bool
+	// NVLinkDomain is the index of the GPU's NVLink domain on its node, -1
+	// for none.
+	NVLinkDomain int
+	// PCIeSwitch and NUMA locate the GPU on the host's PCIe tree; GPUs on
+	// one switch are 1 hop apart, on one NUMA node 2, otherwise 3.
+	PCIeSwitch int
+	NUMA       int
+	UUID       string
+	Model      string
+}
+
+// EffectiveMaxSharers is MaxSharers with the default applied.
+func (g GPU) EffectiveMaxSharers() int {
+	if g.MaxSharers <= 0 {
+		return DefaultMaxSharers
+	}
+	return g.MaxSharers
+}
+
+// Whole reports whether nobody uses the GPU.
+func (g GPU) Whole() bool {
+	return g.FreeMilli == MilliPerGPU && g.FreeVRAMMiB == g.VRAMMiB && g.Sharers == 0
+}
+
+// Allocation is a rental placed on a node.
+type Allocation struct {
+	RentalID  string
+	Tenant    string
+	Class     Class
+	Priority  int
+	CPUMilli  int64
+	MemoryMiB int64
+	GPUs      []Share
+	// Since is when the allocation was made; preemption counts the
+	// GPU-seconds a victim would lose from it.
+	Since time.Time
+}
+
+// Share is the part of one GPU a placement takes.
+type Share struct {
+	Index      int
+	Milli      int64
+	VRAMMiB    int64
+	MIGProfile string
+}
+
+// Request is one rental to place, in the scheduler's own terms.
+type Request struct {
+	ID       string
+	Tenant   string
+	Class    Class
+	Priority int
+	// GPUCount GPUs of MilliPerGPU milli-GPU each; a fraction (< 1000) only
+	// with GPUCount 1.
+	GPUCount    int
+	MilliPerGPU int64
+	// VRAMMiB per GPU; 0 means none in particular (a whole GPU comes with
+	// all its memory).
+	VRAMMiB   int64
+	CPUMilli  int64
+	MemoryMiB int64
+	// Models allowed (empty = any), capabilities every GPU must have.
+	Models       []string
+	Capabilities []string
+	NVLink       bool
+	MIGProfile   string
+	TEE          bool
+	Zone         string
+	Market       Market
+}
+
+// Placement is a decision: the node, the epoch it was made against, and the
+// shares of its GPUs.
+type Placement struct {
+	NodeID    string
+	Epoch     uint64
+	CPUMilli  int64
+	MemoryMiB int64
+	GPUs      []Share
+	// Model of the GPUs (all GPUs of a rental are of one model).
+	Model string
+	// Score is the winning node's score under the policy.
+	Score int64
+}
+
+// Clone returns a deep copy of the node.
+func (n *Node) Clone() Node {
+	c := *n
+	c.GPUs = slices.Clone(n.GPUs)
+	c.Allocations = slices.Clone(n.Allocations)
+	return c
+}
+
+// Apply deducts a placement from the node (the optimistic, local view of a
+// reservation), recording the allocation.
+func (n *Node) Apply(r *Request, p Placement, now time.Time) {
+	n.FreeCPUMilli -= p.CPUMilli
+	n.FreeMemoryMiB -= p.MemoryMiB
+	for _, s := range p.GPUs {
+		g := &n.GPUs[s.Index]
+		g.FreeMilli -= s.Milli
+		g.FreeVRAMMiB -= s.VRAMMiB
+		g.Sharers++
+		if s.MIGProfile != "" {
+			if prof, ok := ParseMIGProfile(s.MIGProfile); ok {
+				g.MIGSlices += prof.Slices
+			}
+		}
+	}
+	n.Allocations = append(n.Allocations, Allocation{
+		RentalID: r.ID, Tenant: r.Tenant, Class: r.Class, Priority: r.Priority,
+		CPUMilli: p.CPUMilli, MemoryMiB: p.MemoryMiB, GPUs: slices.Clone(p.GPUs), Since: now,
+	})
+}
+
+// Remove gives an allocation's capacity back to the node; false when the
+// node does not hold it.
+func (n *Node) Remove(rentalID string) bool {
+	i := slices.IndexFunc(n.Allocations, func(a Allocation) bool { return a.RentalID == rentalID })
+	if i < 0 {
+		return false
+	}
+	a := n.Allocations[i]
+	n.FreeCPUMilli += a.CPUMilli
+	n.FreeMemoryMiB += a.MemoryMiB
+	for _, s := range a.GPUs {
+		g := &n.GPUs[s.Index]
+		g.FreeMilli += s.Milli
+		g.FreeVRAMMiB += s.VRAMMiB
+		g.Sharers--
+		if s.MIGProfile != "" {
+			if prof, ok := ParseMIGProfile(s.MIGProfile); ok {
+				g.MIGSlices -= prof.Slices
+			}
+		}
+	}
+	n.Allocations = slices.Delete(n.Allocations, i, i+1)
+	return true
+}
+
+// freeMilli is R_n: the node's idle milli-GPU.
+func (n *Node) freeMilli() int64 {
+	var r int64
+	for i := range n.GPUs {
+		r += n.GPUs[i].FreeMilli
+	}
+	return r
+}
+
+// model is the GPU model of the node (of its first GPU).
+func (n *Node) model() string {
+	if len(n.GPUs) == 0 {
+		return ""
+	}
+	return n.GPUs[0].Model
+}

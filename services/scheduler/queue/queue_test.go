@@ -1,0 +1,103 @@
+package queue_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/services/scheduler/queue"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func ids(items []queue.Item) []string {
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = it.ID
+	}
+	return out
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestClassesGoReservedThenOnDemandThenSpot(t *testing.T) {
+	t.Parallel()
+	q := queue.New(queue.Options{})
+	q.Push(queue.Item{ID: "spot", Tenant: "a", Class: placement.ClassSpot, Priority: 1000, Enqueued: t0})
+	q.Push(queue.Item{ID: "od", Tenant: "b", Class: placement.ClassOnDemand, Enqueued: t0})
+	q.Push(queue.Item{ID: "res", Tenant: "c", Class: placement.ClassReserved, Enqueued: t0})
+	if got := ids(q.Ordered(t0)); !equal(got, []string{"res", "od", "spot"}) {
+		t.Fatalf("order %v", got)
+	}
+}
+
+func TestHigherPriorityGoesFirstWithinAClass(t *testing.T) {
+	t.Parallel()
+	q := queue.New(queue.Options{})
+	q.Push(queue.Item{ID: "low", Tenant: "a", Class: placement.ClassOnDemand, Priority: 1, Enqueued: t0})
+	q.Push(queue.Item{ID: "high", Tenant: "b", Class: placement.ClassOnDemand, Priority: 9, Enqueued: t0.Add(time.Second)})
+	if got := ids(q.Ordered(t0.Add(time.Second))); !equal(got, []string{"high", "low"}) {
+		t.Fatalf("order %v", got)
+	}
+}
+
+func TestAgingLetsAWaitingRequestOvertakeFresherHigherOnes(t *testing.T) {
+	t.Parallel()
+	o := queue.Options{AgingStep: time.Second}
+	q := queue.New(o)
+	q.Push(queue.Item{ID: "old-spot", Tenant: "a", Class: placement.ClassSpot, Enqueued: t0})
+	// Fresh on-demand requests keep arriving; the spot one has waited.
+	now := t0.Add(500 * time.Second)
+	q.Push(queue.Item{ID: "new-od", Tenant: "b", Class: placement.ClassOnDemand, Enqueued: now})
+	if got := ids(q.Ordered(now)); got[0] != "new-od" {
+		t.Fatalf("after 500 s on-demand still goes first: %v", got)
+	}
+	// After a class span of waiting (1001 s) the spot request goes first.
+	later := t0.Add(1002 * time.Second)
+	q.Push(queue.Item{ID: "newer-od", Tenant: "c", Class: placement.ClassOnDemand, Enqueued: later})
+	if got := ids(q.Ordered(later)); !equal(got, []string{"new-od", "old-spot", "newer-od"}) {
+		t.Fatalf("a spot request waiting 1002 s must not starve: %v", got)
+	}
+}
+
+func TestOneTenantsBurstInterleavesWithOtherTenants(t *testing.T) {
+	t.Parallel()
+	q := queue.New(queue.Options{})
+	for i := range 100 {
+		q.Push(queue.Item{ID: string(rune('A'+i/26)) + string(rune('a'+i%26)), Tenant: "bursty", Class: placement.ClassOnDemand, Enqueued: t0})
+	}
+	q.Push(queue.Item{ID: "z-other", Tenant: "quiet", Class: placement.ClassOnDemand, Enqueued: t0.Add(time.Millisecond)})
+	got := ids(q.Ordered(t0.Add(time.Millisecond)))
+	pos := -1
+	for i, id := range got {
+		if id == "z-other" {
+			pos = i
+		}
+	}
+	if pos > 1 {
+		t.Fatalf("the quiet tenant's request waits behind %d of the burst", pos)
+	}
+}
+
+func TestPushKeepsTheFirstEnqueueTimeAndRemoveForgets(t *testing.T) {
+	t.Parallel()
+	q := queue.New(queue.Options{})
+	q.Push(queue.Item{ID: "r", Tenant: "a", Class: placement.ClassSpot, Enqueued: t0})
+	q.Push(queue.Item{ID: "r", Tenant: "a", Class: placement.ClassSpot, Enqueued: t0.Add(time.Hour)})
+	if it, _ := q.Get("r"); !it.Enqueued.Equal(t0) || q.Len() != 1 {
+		t.Fatalf("re-push changed the item: %+v, len %d", it, q.Len())
+	}
+	if !q.Remove("r") || q.Remove("r") || q.Len() != 0 {
+		t.Fatal("remove")
+	}
+}
