@@ -166,7 +166,11 @@ func Services() []Service {
 			Consumers: []bus.Consumer{
 				{Stream: StreamNodes, Durable: "failover",
 					FilterSubjects: []string{subject.NodeHealthAll, subject.NodeInterruptionAll, subject.NodeDrainedAll, subject.NodeRegisteredAll}},
-				{Stream: StreamRentals, Durable: "failover-rentals", FilterSubjects: []string{subject.RentalStartedAll}},
+				// Scheduled gives each rental's spec and attempt (what a
+				// migration re-queues); started completes a migration;
+				// stopped forgets the rental.
+				{Stream: StreamRentals, Durable: "failover-rentals",
+					FilterSubjects: []string{subject.RentalScheduledAll, subject.RentalStartedAll, subject.RentalStoppedAll}},
 			},
 			Heartbeats: WatchesHeartbeats,
 		},

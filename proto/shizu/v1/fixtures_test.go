@@ -136,6 +136,9 @@ func validRentalMigrating() *RentalMigrating {
 		Reason:          MigrationReason_MIGRATION_REASON_NODE_LOST,
 		LastHeartbeatAt: at(-5 * time.Second),
 		CheckpointUri:   "s3://acme-ckpt/run-7/",
+		Spec:            validSpec(),
+		FromAttempt:     1,
+		NextAttempt:     2,
 	}
 }
 

@@ -1460,6 +1460,18 @@ type RentalMigrating struct {
 	LastHeartbeatAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_heartbeat_at,json=lastHeartbeatAt,proto3" json:"last_heartbeat_at,omitempty"`
 	// Checkpoint to resume from; empty means restart from scratch.
 	CheckpointUri string `protobuf:"bytes,8,opt,name=checkpoint_uri,json=checkpointUri,proto3" json:"checkpoint_uri,omitempty"`
+	// The rental's spec (RentalScheduled.spec of the placement it leaves), so
+	// the scheduler can place it again without any other event; absent when
+	// failover never saw the rental scheduled.
+	Spec *RentalSpec `protobuf:"bytes,9,opt,name=spec,proto3" json:"spec,omitempty"`
+	// RentalScheduled.attempt of the placement it leaves, >= 1; 0 if unknown.
+	FromAttempt int32 `protobuf:"varint,10,opt,name=from_attempt,json=fromAttempt,proto3" json:"from_attempt,omitempty"`
+	// Attempt the re-placement must carry (RentalScheduled.attempt), greater
+	// than from_attempt; 0 if unknown. The event_id of this message is
+	// deterministic: "rental:<rental_id>:migrating:<next_attempt>", or
+	// "rental:<rental_id>:migrating:<from_node_id>:<from_node_epoch>" when
+	// next_attempt is 0.
+	NextAttempt   int32 `protobuf:"varint,11,opt,name=next_attempt,json=nextAttempt,proto3" json:"next_attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1548,6 +1560,27 @@ func (x *RentalMigrating) GetCheckpointUri() string {
 		return x.CheckpointUri
 	}
 	return ""
+}
+
+func (x *RentalMigrating) GetSpec() *RentalSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *RentalMigrating) GetFromAttempt() int32 {
+	if x != nil {
+		return x.FromAttempt
+	}
+	return 0
+}
+
+func (x *RentalMigrating) GetNextAttempt() int32 {
+	if x != nil {
+		return x.NextAttempt
+	}
+	return 0
 }
 
 // RentalMigrated: a migrating rental runs again on its new node.
@@ -1855,7 +1888,7 @@ const file_shizu_v1_rental_proto_rawDesc = "" +
 	"\x0fnotice_deadline\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x0enoticeDeadline\x12/\n" +
 	"\x06reason\x18\a \x01(\x0e2\x17.shizu.v1.PreemptReasonR\x06reason\x120\n" +
 	"\x14preempting_rental_id\x18\b \x01(\tR\x12preemptingRentalId\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\xe0\x02\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\xd0\x03\n" +
 	"\x0fRentalMigrating\x12'\n" +
 	"\x04meta\x18\x01 \x01(\v2\x13.shizu.v1.EventMetaR\x04meta\x12\x1b\n" +
 	"\trental_id\x18\x02 \x01(\tR\brentalId\x12\x1b\n" +
@@ -1865,7 +1898,11 @@ const file_shizu_v1_rental_proto_rawDesc = "" +
 	"\x0ffrom_node_epoch\x18\x05 \x01(\x03R\rfromNodeEpoch\x121\n" +
 	"\x06reason\x18\x06 \x01(\x0e2\x19.shizu.v1.MigrationReasonR\x06reason\x12F\n" +
 	"\x11last_heartbeat_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\x12%\n" +
-	"\x0echeckpoint_uri\x18\b \x01(\tR\rcheckpointUri\"\xb5\x02\n" +
+	"\x0echeckpoint_uri\x18\b \x01(\tR\rcheckpointUri\x12(\n" +
+	"\x04spec\x18\t \x01(\v2\x14.shizu.v1.RentalSpecR\x04spec\x12!\n" +
+	"\ffrom_attempt\x18\n" +
+	" \x01(\x05R\vfromAttempt\x12!\n" +
+	"\fnext_attempt\x18\v \x01(\x05R\vnextAttempt\"\xb5\x02\n" +
 	"\x0eRentalMigrated\x12'\n" +
 	"\x04meta\x18\x01 \x01(\v2\x13.shizu.v1.EventMetaR\x04meta\x12\x1b\n" +
 	"\trental_id\x18\x02 \x01(\tR\brentalId\x12\x1b\n" +
@@ -1991,14 +2028,15 @@ var file_shizu_v1_rental_proto_depIdxs = []int32{
 	22, // 25: shizu.v1.RentalMigrating.meta:type_name -> shizu.v1.EventMeta
 	4,  // 26: shizu.v1.RentalMigrating.reason:type_name -> shizu.v1.MigrationReason
 	24, // 27: shizu.v1.RentalMigrating.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	22, // 28: shizu.v1.RentalMigrated.meta:type_name -> shizu.v1.EventMeta
-	25, // 29: shizu.v1.RentalMigrated.downtime:type_name -> google.protobuf.Duration
-	22, // 30: shizu.v1.RentalCancelRequested.meta:type_name -> shizu.v1.EventMeta
-	31, // [31:31] is the sub-list for method output_type
-	31, // [31:31] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	5,  // 28: shizu.v1.RentalMigrating.spec:type_name -> shizu.v1.RentalSpec
+	22, // 29: shizu.v1.RentalMigrated.meta:type_name -> shizu.v1.EventMeta
+	25, // 30: shizu.v1.RentalMigrated.downtime:type_name -> google.protobuf.Duration
+	22, // 31: shizu.v1.RentalCancelRequested.meta:type_name -> shizu.v1.EventMeta
+	32, // [32:32] is the sub-list for method output_type
+	32, // [32:32] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_shizu_v1_rental_proto_init() }

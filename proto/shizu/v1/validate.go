@@ -454,6 +454,15 @@ func (m *RentalMigrating) Validate() error {
 	p.enum("reason", m.GetReason(), true)
 	p.optTimestamp("last_heartbeat_at", m.GetLastHeartbeatAt())
 	p.uri("checkpoint_uri", m.GetCheckpointUri())
+	if m.GetSpec() != nil {
+		p.nest("spec", m.GetSpec().Validate())
+	}
+	if m.GetFromAttempt() < 0 {
+		p.addf("from_attempt", "%d, want >= 0 (0: unknown)", m.GetFromAttempt())
+	}
+	if m.GetNextAttempt() < 0 || (m.GetNextAttempt() > 0 && m.GetNextAttempt() <= m.GetFromAttempt()) {
+		p.addf("next_attempt", "%d, want 0 (unknown) or more than from_attempt %d", m.GetNextAttempt(), m.GetFromAttempt())
+	}
 	return p.err()
 }
 

@@ -244,6 +244,8 @@ func TestEventValidationRejectsBadInputWithTheFieldPath(t *testing.T) {
 			m.Reason = PreemptReason_PREEMPT_REASON_SPOT_PRICE_ABOVE_MAX
 		}), "preempting_rental_id: set, but reason is PREEMPT_REASON_SPOT_PRICE_ABOVE_MAX"},
 		{"a migration without a reason is rejected", with(validRentalMigrating(), func(m *RentalMigrating) { m.Reason = 0 }), "reason: missing"},
+		{"a migration whose next attempt does not follow the one it leaves is rejected", with(validRentalMigrating(), func(m *RentalMigrating) { m.NextAttempt = 1 }), "next_attempt: 1, want 0 (unknown) or more than from_attempt 1"},
+		{"a migration carrying an invalid spec is rejected", with(validRentalMigrating(), func(m *RentalMigrating) { m.Spec.GpuCount = 0 }), "spec.gpu_count: 0"},
 		{"a migration from an unnamed node is rejected", with(validRentalMigrating(), func(m *RentalMigrating) { m.FromNodeId = "" }), "from_node_id: missing"},
 		{"a migration with negative downtime is rejected", with(validRentalMigrated(), func(m *RentalMigrated) { m.Downtime = durationpb.New(-time.Second) }), "downtime: -1s is negative"},
 		{"a migration without downtime is rejected", with(validRentalMigrated(), func(m *RentalMigrated) { m.Downtime = nil }), "downtime: missing"},

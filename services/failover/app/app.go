@@ -1,12 +1,31 @@
 // Package app wires the failover service to the bus and Redis and runs it.
 // Its decisions live in packages beside it that import neither NATS nor
-// Redis.
+// Redis: detect (when a node is lost, flapping quarantine) and migrate
+// (which rentals move, storm order and pace, downtime).
+//
+// Watches: the HEARTBEATS bucket (every replica), and optionally the
+// server's client-disconnect advisories. Consumes: node.<node>.{health,
+// interruption,registered,drained} (durable "failover") and
+// rental.<tenant>.{scheduled,started,stopped} (durable "failover-rentals").
+// Publishes: node.<node>.lost, rental.<tenant>.migrating (the re-queue: it
+// carries the spec and the next attempt), rental.<tenant>.migrated (with the
+// downtime), agent.<node>.cmd.stop (the old run of a moved rental). Stores:
+// its records in Redis (<prefix>:failover:*); fences, releases and
+// drains through the capacity store.
 package app
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
+	"os"
+	"time"
 
+	"github.com/shizu-gpu/shizu/services/failover/detect"
+	"github.com/shizu-gpu/shizu/services/failover/migrate"
+	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -14,24 +33,160 @@ import (
 // Config is the failover's configuration.
 type Config struct {
 	Service service.Config
+	Detect  detect.Config
+	Pace    migrate.Pace
+	// Tick is how often suspicions and the move queue are looked at
+	// without a new signal.
+	Tick time.Duration
+	// Sweep is how often a replica looks for work another replica left
+	// half done (and how old such work must be).
+	Sweep time.Duration
+	// StopGrace is the grace period of the stop sent to a moved rental's
+	// old run.
+	StopGrace time.Duration
+	// HeartbeatTTL is the bucket's TTL (the agents' setting).
+	HeartbeatTTL time.Duration
+	// KeyPrefix starts failover's Redis keys (default "shizu").
+	KeyPrefix string
+	// Advisory turns on the disconnect fast path.
+	Advisory AdvisoryConfig
 }
 
 // DefaultConfig is the configuration on a developer machine.
 func DefaultConfig() Config {
-	return Config{Service: service.Defaults(topology.Failover)}
+	return Config{
+		Service:      service.Defaults(topology.Failover),
+		Detect:       detect.DefaultConfig(),
+		Pace:         migrate.Pace{PerSecond: 500, Burst: 200},
+		Tick:         100 * time.Millisecond,
+		Sweep:        10 * time.Second,
+		StopGrace:    10 * time.Second,
+		HeartbeatTTL: 3 * time.Second,
+		KeyPrefix:    "shizu",
+	}
 }
 
 // RegisterFlags binds the failover's own flags (the common ones are bound by
-// service.Main).
-func (c *Config) RegisterFlags(*flag.FlagSet) {}
+// service.Main), with defaults from SHIZU_FAILOVER_* variables.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	env := func(key string, into *string) {
+		if v, ok := os.LookupEnv(key); ok {
+			*into = v
+		}
+	}
+	env("SHIZU_FAILOVER_ADVISORY_URL", &c.Advisory.URL)
+	env("SHIZU_FAILOVER_ADVISORY_USER", &c.Advisory.User)
+	env("SHIZU_FAILOVER_ADVISORY_PASSWORD", &c.Advisory.Password)
+	fs.DurationVar(&c.Detect.Confirm, "confirm", c.Detect.Confirm, "how long an expired heartbeat stays suspect before the node is lost")
+	fs.DurationVar(&c.Detect.DisconnectGrace, "disconnect-grace", c.Detect.DisconnectGrace, "after an agent disconnect, lost this long after its last beat")
+	fs.DurationVar(&c.Detect.FlapWindow, "flap-window", c.Detect.FlapWindow, "window in which losses count as flapping")
+	fs.IntVar(&c.Detect.FlapThreshold, "flap-threshold", c.Detect.FlapThreshold, "losses within the window that quarantine a node")
+	fs.DurationVar(&c.Detect.QuarantineBase, "quarantine", c.Detect.QuarantineBase, "first quarantine of a flapping node (doubles per further loss)")
+	fs.DurationVar(&c.Detect.QuarantineMax, "quarantine-max", c.Detect.QuarantineMax, "longest quarantine")
+	fs.Float64Var(&c.Pace.PerSecond, "moves-per-second", c.Pace.PerSecond, "rentals handed to the scheduler per second in a storm")
+	fs.IntVar(&c.Pace.Burst, "moves-burst", c.Pace.Burst, "rentals handed to the scheduler at once")
+	fs.DurationVar(&c.Tick, "tick", c.Tick, "how often suspicions and queued moves are looked at")
+	fs.DurationVar(&c.Sweep, "sweep", c.Sweep, "how often half-done work of a dead replica is looked for")
+	fs.DurationVar(&c.HeartbeatTTL, "heartbeat-ttl", c.HeartbeatTTL, "TTL of the heartbeat bucket (as the agents use it)")
+	fs.StringVar(&c.Advisory.URL, "advisory-url", c.Advisory.URL, "NATS URL for client-disconnect advisories (system account user); empty disables the fast path [SHIZU_FAILOVER_ADVISORY_URL]")
+	fs.StringVar(&c.Advisory.User, "advisory-user", c.Advisory.User, "system account user for the advisories [SHIZU_FAILOVER_ADVISORY_USER]")
+}
 
 // Validate reports every problem in the configuration.
-func (c Config) Validate() error { return c.Service.Validate() }
+func (c Config) Validate() error {
+	var errs []error
+	if err := c.Service.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Service.RedisURL == "" {
+		errs = append(errs, errors.New("redis.url: failover fences through the capacity store in Redis; required"))
+	}
+	if err := c.Detect.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("failover.detect: %w", err))
+	}
+	if err := c.Pace.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("failover.pace: %w", err))
+	}
+	if c.Tick <= 0 {
+		errs = append(errs, fmt.Errorf("failover.tick: %s, want > 0", c.Tick))
+	}
+	if c.Sweep <= 0 {
+		errs = append(errs, fmt.Errorf("failover.sweep: %s, want > 0", c.Sweep))
+	}
+	if c.HeartbeatTTL < time.Second {
+		errs = append(errs, fmt.Errorf("failover.heartbeat_ttl: %s, want >= 1s", c.HeartbeatTTL))
+	}
+	if c.Advisory.URL != "" && c.Advisory.User == "" {
+		errs = append(errs, errors.New("failover.advisory.user: required with an advisory URL (a system account user)"))
+	}
+	return errors.Join(errs...)
+}
 
-// Run runs the failover until ctx ends: it connects with its own NATS user,
-// ensures the durable consumers the topology declares for it, and reports
-// ready on /readyz.
+// Run runs the failover until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	svc, _ := topology.ServiceNamed(topology.Failover)
-	return service.Run(ctx, cfg.Service, service.DeclaredConsumers(svc.Consumers...))
+	return service.Run(ctx, cfg.Service, func(ctx context.Context, rt *service.Runtime) ([]service.Part, error) {
+		if rt.Redis == nil {
+			return nil, errors.New("failover: redis.url is required")
+		}
+		if err := service.EnsureConsumers(ctx, rt, svc.Consumers...); err != nil {
+			return nil, err
+		}
+		hb, err := rt.Bus.OpenHeartbeats(ctx, topology.HeartbeatBucket, cfg.HeartbeatTTL)
+		if err != nil {
+			return nil, err
+		}
+		store, err := capacity.New(rt.Redis)
+		if err != nil {
+			return nil, err
+		}
+		m, err := NewMetrics(rt.Telemetry.MeterProvider())
+		if err != nil {
+			return nil, err
+		}
+		f, err := New(cfg, Deps{Bus: rt.Bus, Heartbeats: hb, Store: store, Redis: rt.Redis, Log: rt.Log, Metrics: m})
+		if err != nil {
+			return nil, err
+		}
+		return f.Start(ctx, svc.Consumers)
+	})
 }
+
+// Start starts the replica's consumers and its loop; the parts stop them.
+func (f *Failover) Start(ctx context.Context, consumers []bus.Consumer) ([]service.Part, error) {
+	var parts []service.Part
+	var disconnects <-chan Disconnect
+	if f.cfg.Advisory.URL != "" {
+		ch, stop, err := watchDisconnects(ctx, f.cfg.Advisory, f.d.Now, f.d.Log)
+		if err != nil {
+			return nil, err
+		}
+		disconnects = ch
+		parts = append(parts, stopFunc(func(context.Context) error { stop(); return nil }))
+	}
+	loopCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(loopCtx, disconnects) }()
+	parts = append(parts, stopFunc(func(context.Context) error {
+		cancel()
+		return <-done
+	}))
+	routers := map[string]*bus.Router{"failover": f.NodeRouter(), "failover-rentals": f.RentalRouter()}
+	for _, c := range consumers {
+		r, ok := routers[c.Durable]
+		if !ok {
+			return parts, fmt.Errorf("failover: no handler for declared consumer %s", c.Durable)
+		}
+		sub, err := f.d.Bus.Consume(ctx, c, r, bus.ConsumeOptions{})
+		if err != nil {
+			return parts, err
+		}
+		parts = append(parts, service.Subscription{Subscription: sub})
+	}
+	return parts, nil
+}
+
+// stopFunc adapts a function to a service.Part.
+type stopFunc func(ctx context.Context) error
+
+func (f stopFunc) Stop(ctx context.Context) error { return f(ctx) }
