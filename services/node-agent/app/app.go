@@ -279,11 +279,19 @@ func hostResources() (cpuMilli, memMiB int64) {
 	return cpuMilli, 1024
 }
 
+// ClientName is the NATS connection name of the agent of node; failover
+// recognises it (services/failover/detect.AgentClientPrefix).
+func ClientName(node string) string { return "node-agent:" + node }
+
 // Run runs the node agent until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	// The connection name says which node this is, so failover can read a
+	// crashed agent's disconnect from the server's advisories at once
+	// instead of waiting for its heartbeat to expire.
+	cfg.Service.NATS.Name = ClientName(cfg.NodeID)
 	return service.Run(ctx, cfg.Service, func(ctx context.Context, rt *service.Runtime) ([]service.Part, error) {
 		a, err := Start(ctx, cfg, rt)
 		if err != nil {

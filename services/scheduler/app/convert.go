@@ -144,8 +144,7 @@ func placementOf(r *placement.Request, p placement.Placement) capacity.Placement
 
 // scheduledOf builds the RentalScheduled event of an allocation (the one
 // the store recorded, which for a repeated request is the first one).
-func scheduledOf(ev *shizuv1.RentalRequested, a capacity.Allocation, node *placement.Node, source string, now time.Time) *shizuv1.RentalScheduled {
-	const attempt = 1
+func scheduledOf(ev *shizuv1.RentalRequested, a capacity.Allocation, node *placement.Node, attempt int32, source string, now time.Time) *shizuv1.RentalScheduled {
 	spec := ev.GetSpec()
 	out := &shizuv1.RentalScheduled{
 		Meta: &shizuv1.EventMeta{

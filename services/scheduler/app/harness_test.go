@@ -159,6 +159,8 @@ func (e *env) publish(evs ...proto.Message) {
 			subj, err = subject.Format(subject.RentalCancelRequested, x.GetTenantId())
 		case *shizuv1.RentalStopped:
 			subj, err = subject.Format(subject.RentalStopped, x.GetTenantId())
+		case *shizuv1.RentalMigrating:
+			subj, err = subject.Format(subject.RentalMigrating, x.GetTenantId())
 		default:
 			e.t.Fatalf("cannot publish %T", ev)
 		}
@@ -282,3 +284,10 @@ func (o *outcomes) waitFor(t testing.TB, timeout time.Duration, cond func(o *out
 }
 
 func timestampOf(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
+
+// snapshotScheduled copies the scheduled events seen for a rental.
+func (o *outcomes) snapshotScheduled(id string) []*shizuv1.RentalScheduled {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]*shizuv1.RentalScheduled(nil), o.scheduled[id]...)
+}

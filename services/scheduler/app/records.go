@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -68,11 +69,15 @@ func (r records) claim(ctx context.Context, ids []string, want string, classes [
 	if classes != nil {
 		args := make([]any, 0, 2*len(ids))
 		for i, id := range ids {
-			args = append(args, id, classes[i].String())
+			args = append(args, rentalOfKey(id), classes[i].String())
 		}
 		pipe.HSet(ctx, r.classKey(), args...)
 	}
-	pipe.HDel(ctx, r.pendingKey(), ids...)
+	rentals := make([]string, len(ids))
+	for i, id := range ids {
+		rentals[i] = rentalOfKey(id)
+	}
+	pipe.HDel(ctx, r.pendingKey(), rentals...)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, unavailable("claim outcomes", err)
 	}
@@ -89,6 +94,52 @@ func (r records) claim(ctx context.Context, ids []string, want string, classes [
 		}
 	}
 	return out, nil
+}
+
+// claimKey names the outcome record of one placement attempt of a rental:
+// the rental id for the first, "<rental>.<attempt>" after a migration ('.'
+// cannot occur in a rental id, which is a subject token).
+func claimKey(rental string, attempt int32) string {
+	if attempt <= 1 {
+		return rental
+	}
+	return fmt.Sprintf("%s.%d", rental, attempt)
+}
+
+// rentalOfKey is the rental a claim key belongs to.
+func rentalOfKey(key string) string {
+	rental, _, _ := strings.Cut(key, ".")
+	return rental
+}
+
+// maxAttempts bounds the search for a rental's current attempt.
+const maxAttempts = 64
+
+// placedAfter reports whether a placement later than attempt has an
+// outcome recorded (the rental was moved and placed again).
+func (r records) placedAfter(ctx context.Context, rental string, attempt int32) (bool, error) {
+	n, err := r.rdb.Exists(ctx, r.outcomeKey(claimKey(rental, attempt+1))).Result()
+	if err != nil {
+		return false, unavailable("read later attempt", err)
+	}
+	return n > 0, nil
+}
+
+// currentAttempt is the latest placement attempt with a recorded outcome
+// (1 when the rental never moved).
+func (r records) currentAttempt(ctx context.Context, rental string) (int32, error) {
+	attempt := int32(1)
+	for attempt < maxAttempts {
+		later, err := r.placedAfter(ctx, rental, attempt)
+		if err != nil {
+			return 0, err
+		}
+		if !later {
+			break
+		}
+		attempt++
+	}
+	return attempt, nil
 }
 
 // outcome is a rental's recorded outcome, "" when none.
@@ -138,7 +189,9 @@ type pendingEntry struct {
 	// PreemptUntil: a preemption was started for this request; no other
 	// is started before then.
 	PreemptUntil time.Time `json:"preempt_until,omitzero"`
-	ev           *shizuv1.RentalRequested
+	// Attempt is the placement number (0 or 1 for a new request).
+	Attempt int32 `json:"attempt,omitempty"`
+	ev      *shizuv1.RentalRequested
 }
 
 func (r records) putPending(ctx context.Context, entries []pendingEntry) error {

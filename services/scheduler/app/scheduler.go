@@ -80,6 +80,9 @@ type job struct {
 	preemptUntil time.Time
 	reason       shizuv1.PendingReason
 	done         chan error
+	// attempt is the placement number: 1 for a new request, n+1 for a
+	// rental failover moves off its node after attempt n.
+	attempt int32
 
 	// round state
 	placed   placement.Placement
@@ -128,12 +131,7 @@ func (s *Scheduler) Router() *bus.Router {
 	r.EventForSubject(subject.RentalRequestedAll, bus.EventName(&shizuv1.RentalRequested{}))
 	bus.On(r, s.onCancel)
 	bus.On(r, s.onStopped)
-	bus.On(r, func(ctx context.Context, ev *shizuv1.RentalMigrating, _ bus.Delivery) error {
-		// Re-placing migrating rentals is failover's story (issue 6); the
-		// scheduler acknowledges it.
-		s.d.Log.InfoContext(ctx, "migrating rental acknowledged; re-placement not handled here", "rental", ev.GetRentalId())
-		return nil
-	})
+	bus.On(r, s.onMigrating)
 	return r
 }
 
@@ -150,14 +148,21 @@ func (s *Scheduler) onRequested(ctx context.Context, d bus.Delivery) error {
 		if !headerValid(ev) {
 			return fault.Invalid("RentalRequested: %v", err)
 		}
-		return s.rejectNow(ctx, ev, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
+		return s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
 	}
 	r := requestOf(ev)
 	if err := r.Validate(s.catalogue); err != nil {
-		return s.rejectNow(ctx, ev, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
+		return s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
 	}
+	return s.submit(ctx, ev, r, 1)
+}
+
+// submit hands a request to the next scheduling round and waits until its
+// outcome is published.
+func (s *Scheduler) submit(ctx context.Context, ev *shizuv1.RentalRequested, r placement.Request, attempt int32) error {
 	enq := ev.GetMeta().GetOccurredAt().AsTime()
-	j := &job{ev: ev, r: r, enqueued: enq, deadline: enq.Add(s.cfg.PendingTimeout), done: make(chan error, 1), received: s.d.Now()}
+	j := &job{ev: ev, r: r, enqueued: enq, deadline: enq.Add(s.cfg.PendingTimeout), done: make(chan error, 1),
+		received: s.d.Now(), attempt: attempt}
 	select {
 	case s.in <- j:
 	case <-ctx.Done():
@@ -181,8 +186,8 @@ func headerValid(ev *shizuv1.RentalRequested) bool {
 
 // rejectNow records and publishes a rejection for a request that never
 // reached a round.
-func (s *Scheduler) rejectNow(ctx context.Context, ev *shizuv1.RentalRequested, reason shizuv1.RejectReason, msg string) error {
-	got, err := s.rec.claim(ctx, []string{ev.GetRentalId()}, outcomeRejected, nil)
+func (s *Scheduler) rejectNow(ctx context.Context, ev *shizuv1.RentalRequested, attempt int32, reason shizuv1.RejectReason, msg string) error {
+	got, err := s.rec.claim(ctx, []string{claimKey(ev.GetRentalId(), attempt)}, outcomeRejected, nil)
 	if err != nil {
 		return err
 	}
@@ -250,9 +255,13 @@ func (s *Scheduler) onCancel(ctx context.Context, ev *shizuv1.RentalCancelReques
 		if err != nil {
 			return fault.Invalid("%v", err)
 		}
+		attempt, err := s.rec.currentAttempt(ctx, ev.GetRentalId())
+		if err != nil {
+			return err
+		}
 		if err := b.Publish(ctx, subj, &shizuv1.StopRental{
-			Meta:     meta(fmt.Sprintf("cmd:stop:%s:%d", ev.GetRentalId(), 1), s.source, ev.GetMeta(), ev.GetRentalId(), s.d.Now()),
-			RentalId: ev.GetRentalId(), TenantId: ev.GetTenantId(), NodeId: a.NodeID, Attempt: 1,
+			Meta:     meta(fmt.Sprintf("cmd:stop:%s:%d", ev.GetRentalId(), attempt), s.source, ev.GetMeta(), ev.GetRentalId(), s.d.Now()),
+			RentalId: ev.GetRentalId(), TenantId: ev.GetTenantId(), NodeId: a.NodeID, Attempt: attempt,
 			Reason: shizuv1.ExitReason_EXIT_REASON_CANCELLED, GracePeriod: durationpb.New(30 * time.Second),
 		}); err != nil {
 			return err
@@ -276,6 +285,13 @@ func (s *Scheduler) onStopped(ctx context.Context, ev *shizuv1.RentalStopped, _ 
 		return err
 	}
 	if a.NodeID != ev.GetNodeId() {
+		return nil
+	}
+	// A rental moved off a failed GPU may land on the same node again: the
+	// old run's stop must not release the new placement.
+	if newer, err := s.rec.placedAfter(ctx, ev.GetRentalId(), max(ev.GetAttempt(), 1)); err != nil {
+		return err
+	} else if newer {
 		return nil
 	}
 	if _, err := s.d.Store.Release(ctx, ev.GetRentalId()); err != nil {
@@ -429,7 +445,8 @@ func (s *Scheduler) retryPending(ctx context.Context, kicked bool) {
 	for _, e := range entries {
 		enq := e.ev.GetMeta().GetOccurredAt().AsTime()
 		j := &job{ev: e.ev, r: requestOf(e.ev), enqueued: enq, deadline: enq.Add(s.cfg.PendingTimeout),
-			fromPending: true, preemptUntil: e.PreemptUntil, reason: shizuv1.PendingReason(e.Reason), done: make(chan error, 1)}
+			fromPending: true, preemptUntil: e.PreemptUntil, reason: shizuv1.PendingReason(e.Reason), done: make(chan error, 1),
+			attempt: max(e.Attempt, 1)}
 		if j.deadline.Before(s.nextDeadline) {
 			s.nextDeadline = j.deadline
 		}
@@ -578,7 +595,7 @@ func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now t
 	ids := make([]string, len(ok))
 	classes := make([]classRecord, len(ok))
 	for i, j := range ok {
-		ids[i], classes[i] = j.r.ID, classRecord{j.r.Class, j.r.Priority}
+		ids[i], classes[i] = claimKey(j.r.ID, j.attempt), classRecord{j.r.Class, j.r.Priority}
 	}
 	outcomes, err := s.rec.claim(ctx, ids, outcomeScheduled, classes)
 	if err != nil {
@@ -613,7 +630,7 @@ func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now t
 		if k, known := s.index[j.alloc.NodeID]; known {
 			node = &s.cluster.Nodes[k]
 		}
-		sched := scheduledOf(j.ev, j.alloc, node, s.source, now)
+		sched := scheduledOf(j.ev, j.alloc, node, max(j.attempt, 1), s.source, now)
 		if j.err = s.queueScheduled(ctx, b, sched); j.err != nil {
 			continue
 		}
@@ -690,7 +707,7 @@ func (s *Scheduler) handleNoFit(ctx context.Context, b *bus.Batch, jobs []*job, 
 			j.err = fault.Invalid("encode request: %v", err)
 			continue
 		}
-		pending = append(pending, pendingEntry{Request: raw, Reason: int32(reason), PreemptUntil: preemptUntil, ev: j.ev})
+		pending = append(pending, pendingEntry{Request: raw, Reason: int32(reason), PreemptUntil: preemptUntil, Attempt: j.attempt, ev: j.ev})
 		if s.nextDeadline.IsZero() || j.deadline.Before(s.nextDeadline) {
 			s.nextDeadline = j.deadline
 		}
@@ -713,7 +730,7 @@ func (s *Scheduler) handleNoFit(ctx context.Context, b *bus.Batch, jobs []*job, 
 	}
 	ids := make([]string, len(expired))
 	for i, j := range expired {
-		ids[i] = j.r.ID
+		ids[i] = claimKey(j.r.ID, j.attempt)
 	}
 	got, err := s.rec.claim(ctx, ids, outcomeRejected, nil)
 	if err != nil {

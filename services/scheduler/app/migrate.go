@@ -1,0 +1,58 @@
+package app
+
+import (
+	"context"
+	"fmt"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/capacity"
+)
+
+// onMigrating places a rental that failover moves off a lost node (or a
+// failed GPU, or a spot node about to be reclaimed) again: with its
+// original spec, as placement attempt next_attempt, queued by the time it
+// was lost so it goes ahead of requests that arrived since. An allocation
+// still recorded on the node it leaves is released first, or the
+// idempotent reserve would hand that one back; a spot hand-over
+// (make-before-break) keeps the old run going on its allocation until the
+// new one starts, so the store is asked for the rental only on the node
+// it leaves.
+func (s *Scheduler) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating, _ bus.Delivery) error {
+	id := ev.GetRentalId()
+	if newer, err := s.rec.placedAfter(ctx, id, ev.GetNextAttempt()); err != nil {
+		return err
+	} else if newer {
+		return nil // a later move already placed it
+	}
+	a, err := s.d.Store.Allocation(ctx, id)
+	switch {
+	case capacity.IsNotFound(err):
+	case err != nil:
+		return err
+	case a.NodeID == ev.GetFromNodeId():
+		if _, err := s.d.Store.Release(ctx, id); err != nil {
+			return err
+		}
+		s.removeLocal(a.NodeID, id)
+	}
+	req := &shizuv1.RentalRequested{
+		Meta: &shizuv1.EventMeta{
+			EventId:       fmt.Sprintf("rental:%s:requeued:%d", id, ev.GetNextAttempt()),
+			OccurredAt:    ev.GetMeta().GetOccurredAt(),
+			Source:        s.source,
+			CausationId:   ev.GetMeta().GetEventId(),
+			CorrelationId: id,
+		},
+		RentalId: id, TenantId: ev.GetTenantId(), Spec: ev.GetSpec(),
+	}
+	r := requestOf(req)
+	if err := r.Validate(s.catalogue); err != nil {
+		// The spec was placed before; a catalogue that changed since
+		// cannot place it again. Say so to the tenant.
+		return s.rejectNow(ctx, req, ev.GetNextAttempt(), shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
+	}
+	s.d.Log.InfoContext(ctx, "placing migrating rental again", "rental", id, "from_node", ev.GetFromNodeId(),
+		"attempt", ev.GetNextAttempt(), "reason", ev.GetReason().String())
+	return s.submit(ctx, req, r, ev.GetNextAttempt())
+}

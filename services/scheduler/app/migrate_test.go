@@ -1,0 +1,89 @@
+package app_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/testkit"
+	"github.com/shizu-gpu/shizu/shared/topology"
+)
+
+// migrating is what failover publishes after fencing the node of s.
+func migrating(s *shizuv1.RentalScheduled, sp *shizuv1.RentalSpec) *shizuv1.RentalMigrating {
+	return &shizuv1.RentalMigrating{
+		Meta:     &shizuv1.EventMeta{EventId: fmt.Sprintf("rental:%s:migrating:%d", s.GetRentalId(), s.GetAttempt()+1), OccurredAt: timestamppb.Now(), Source: "failover"},
+		RentalId: s.GetRentalId(), TenantId: s.GetTenantId(), FromNodeId: s.GetNodeId(), FromNodeEpoch: s.GetNodeEpoch(),
+		Reason: shizuv1.MigrationReason_MIGRATION_REASON_NODE_LOST, LastHeartbeatAt: timestamppb.New(time.Now().Add(-3 * time.Second)),
+		Spec: sp, FromAttempt: s.GetAttempt(), NextAttempt: s.GetAttempt() + 1,
+	}
+}
+
+func TestAMigratingRentalIsPlacedAgainElsewhereAsItsNextAttempt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.register(gpuNode("n1", 1, capacity.MarketOnDemand))
+	e.replica(testConfig(), time.Now)
+	sp := spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND)
+	e.publish(requested("m1", "acme", sp, time.Now()))
+	var first *shizuv1.RentalScheduled
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { first, err = scheduledOf(o, "m1"); return })
+
+	// n1 is lost: failover fences it and hands the rental over; n2 joins.
+	if _, err := e.store.Fence(t.Context(), "n1", uint64(first.GetNodeEpoch())); err != nil {
+		t.Fatal(err)
+	}
+	e.register(gpuNode("n2", 1, capacity.MarketOnDemand))
+	e.publish(migrating(first, sp))
+	var second *shizuv1.RentalScheduled
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
+		if len(o.scheduled["m1"]) < 2 {
+			return errors.New("not placed again")
+		}
+		second = o.scheduled["m1"][1]
+		if o.starts["m1"] < 2 {
+			return errors.New("no second start command")
+		}
+		return nil
+	})
+	if second.GetNodeId() != "n2" || second.GetAttempt() != 2 || second.GetMeta().GetEventId() != "rental:m1:scheduled:2" {
+		t.Fatalf("second placement %s attempt %d id %s; want n2, attempt 2", second.GetNodeId(), second.GetAttempt(), second.GetMeta().GetEventId())
+	}
+	a, err := e.store.Allocation(t.Context(), "m1")
+	if err != nil || a.NodeID != "n2" {
+		t.Fatalf("allocation %+v %v: want exactly one, on n2", a, err)
+	}
+	allocs, err := e.store.Allocations(t.Context(), "n1")
+	if err != nil || len(allocs) != 0 {
+		t.Fatalf("the fenced node still holds %d allocations (%v)", len(allocs), err)
+	}
+
+	// The zombie's late stop (attempt 1, on n1) must not free the new run.
+	late := stopped(first, shizuv1.ExitReason_EXIT_REASON_NODE_FAILED)
+	e.publish(late, migrating(first, sp)) // and a redelivered hand-over changes nothing
+	testkit.Eventually(t, 20*time.Second, func() error {
+		cons, err := e.admin.JetStream().Consumer(t.Context(), topology.StreamRentals, "scheduler")
+		if err != nil {
+			return err
+		}
+		info, err := cons.Info(t.Context())
+		if err != nil {
+			return err
+		}
+		if info.NumPending != 0 || info.NumAckPending != 0 {
+			return fmt.Errorf("scheduler has %d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+	if n := len(e.seen.snapshotScheduled("m1")); n != 2 {
+		t.Fatalf("placed %d times after the redelivered hand-over", n)
+	}
+	if a, err := e.store.Allocation(t.Context(), "m1"); err != nil || a.NodeID != "n2" {
+		t.Fatalf("after the old run's stop: %+v %v", a, err)
+	}
+}
