@@ -8,23 +8,28 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
 	autoscaler "github.com/shizu-gpu/shizu/services/autoscaler/app"
+	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 	failover "github.com/shizu-gpu/shizu/services/failover/app"
 	metering "github.com/shizu-gpu/shizu/services/metering/app"
 	nodeagent "github.com/shizu-gpu/shizu/services/node-agent/app"
+	"github.com/shizu-gpu/shizu/services/node-agent/gpu/simgpu"
 	scheduler "github.com/shizu-gpu/shizu/services/scheduler/app"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/embednats"
@@ -40,8 +45,10 @@ type devOptions struct {
 	redisURL  string
 	redisPort int
 	logLevel  string
-	nodeID    string
-	simulate  string
+	fleet     string
+	policy    string
+	interval  time.Duration
+	minCharge time.Duration
 }
 
 func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -50,11 +57,13 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Run the whole platform on this machine: an embedded NATS server with
 JetStream, Redis (a redis-server child, or -redis-url), the five services,
-each with its own NATS user, and one node agent. Ctrl-C stops everything.
+each with its own NATS user, and a simulated fleet of GPU hosts (one node
+agent each). Ctrl-C stops everything.
 
 Examples:
   shizu dev                      # state in ./.shizu, kept across restarts
   shizu dev -ephemeral           # state in a temp dir, removed at exit
+  shizu dev -fleet h100x8:2,a100x8:1,rtx4090x8:2:spot
   shizu dev -redis-url redis://127.0.0.1:6379/0
 
 Flags:
@@ -68,14 +77,24 @@ Flags:
 	fs.IntVar(&o.monPort, "nats-monitor-port", 8222, "NATS monitoring port (/healthz, /varz, /jsz); a free one is used when taken")
 	fs.StringVar(&o.redisURL, "redis-url", "", "use this Redis instead of starting redis-server")
 	fs.IntVar(&o.redisPort, "redis-port", 6379, "port for the redis-server child; a free one is used when taken")
+	fs.StringVar(&o.policy, "autoscaler-policy", "", "autoscaler pools and fleet policy file (JSON); see services/autoscaler/README.md")
 	fs.StringVar(&o.logLevel, "log-level", "info", "service log level: debug, info, warn, error")
-	fs.StringVar(&o.nodeID, "node-id", "dev-node-1", "node id of the local node agent")
-	fs.StringVar(&o.simulate, "simulate", "h100x8", "simulated GPU profile of the local node agent")
+	fs.StringVar(&o.fleet, "fleet", defaultFleet, "simulated GPU hosts: profile[:count[:spot]],... with profiles "+strings.Join(simgpu.Profiles(), ", "))
+	fs.DurationVar(&o.interval, "meter-interval", time.Minute, "metering: usage records of running rentals close at multiples of this")
+	fs.DurationVar(&o.minCharge, "minimum-charge", time.Minute, "metering: least an on-demand rental the tenant ends is billed")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "shizu dev: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if _, err := parseFleet(o.fleet); err != nil {
+		fmt.Fprintf(stderr, "shizu dev: -fleet: %v\n", err)
+		return 2
+	}
+	if o.interval < time.Second || o.minCharge < 0 {
+		fmt.Fprintf(stderr, "shizu dev: -meter-interval %s must be at least 1s and -minimum-charge %s not negative\n", o.interval, o.minCharge)
 		return 2
 	}
 	if err := runDev(ctx, o, stdout); err != nil {
@@ -169,7 +188,7 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer) error {
 	// Redis.
 	if o.redisURL != "" {
 		stack.redisURL = o.redisURL
-	} else if err := stack.startRedis(o.redisPort, filepath.Join(dataDir, "redis"), &notes); err != nil {
+	} else if err := stack.startRedis(o.redisPort, filepath.Join(dataDir, "redis"), !o.ephemeral, &notes); err != nil {
 		return err
 	}
 	if err := pingRedis(ctx, stack.redisURL); err != nil {
@@ -192,23 +211,69 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer) error {
 		cfg  service.Config
 		run  func(context.Context) error
 	}
-	sched, meter, scale, fail, agent := scheduler.DefaultConfig(), metering.DefaultConfig(), autoscaler.DefaultConfig(), failover.DefaultConfig(), nodeagent.DefaultConfig()
-	sched.Service, meter.Service, scale.Service, fail.Service, agent.Service =
-		base(topology.Scheduler), base(topology.Metering), base(topology.Autoscaler), base(topology.Failover), base(topology.NodeAgent)
-	agent.NodeID, agent.Simulate = o.nodeID, o.simulate
-	agent.StateDir = filepath.Join(dataDir, "node-agent") // workload records and logs
+	sched, meter, scale, fail := scheduler.DefaultConfig(), metering.DefaultConfig(), autoscaler.DefaultConfig(), failover.DefaultConfig()
+	sched.Service, meter.Service, scale.Service, fail.Service =
+		base(topology.Scheduler), base(topology.Metering), base(topology.Autoscaler), base(topology.Failover)
+	meter.Rules.Interval, meter.Rules.MinimumCharge = o.interval, o.minCharge
+	scale.PolicyFile = o.policy
+	var scaleDeps autoscaler.Deps // set below, before the services start
 	units := []unit{
 		{topology.Scheduler, sched.Service, func(ctx context.Context) error { return scheduler.Run(ctx, sched) }},
 		{topology.Metering, meter.Service, func(ctx context.Context) error { return metering.Run(ctx, meter) }},
-		{topology.Autoscaler, scale.Service, func(ctx context.Context) error { return autoscaler.Run(ctx, scale) }},
+		{topology.Autoscaler, scale.Service, func(ctx context.Context) error { return autoscaler.RunWith(ctx, scale, scaleDeps) }},
 		{topology.Failover, fail.Service, func(ctx context.Context) error { return failover.Run(ctx, fail) }},
-		{topology.NodeAgent, agent.Service, func(ctx context.Context) error { return nodeagent.Run(ctx, agent) }},
 	}
-	if err := agent.Validate(); err != nil {
-		return fmt.Errorf("node agent: %w", err)
+	if err := meter.Validate(); err != nil {
+		return fmt.Errorf("metering: %w", err)
 	}
+
+	// The simulated fleet: one node agent per node, each with its own node
+	// id, state folder (workload records and logs) and health endpoint.
+	nodes, err := parseFleet(o.fleet)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(stack.logFile, nil))
+	agentConfig := func(n fleetNode) nodeagent.Config {
+		c := nodeagent.DefaultConfig()
+		c.Service = base(topology.NodeAgent)
+		c.Service.NATS.Name = "node-agent-" + n.ID
+		c.NodeID, c.Simulate, c.Market = n.ID, n.Profile, n.Market
+		c.StateDir = filepath.Join(dataDir, "node-agent", n.ID)
+		return c
+	}
+	fleet, err := newFleetRunner(nodes, agentConfig, logger)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		left := 0
+		for _, id := range fleet.ids() {
+			left += leftWorkloads(filepath.Join(dataDir, "node-agent", id), o.ephemeral)
+		}
+		if left > 0 && !o.ephemeral {
+			fmt.Fprintf(stdout, "%d rental workloads keep running: the next `shizu dev -data %s` adopts them (stop them first with shizu stop to end them)\n", left, dataDir)
+		}
+	}()
+
 	svcCtx, stopServices := context.WithCancel(ctx)
 	defer stopServices()
+	// With a policy whose fleet section sells instance types, the
+	// autoscaler provisions nodes for capacity shortages as more
+	// in-process node agents.
+	if o.policy != "" {
+		data, err := os.ReadFile(o.policy)
+		if err != nil {
+			return fmt.Errorf("autoscaler policy: %w", err)
+		}
+		file, err := policy.Parse(data)
+		if err != nil {
+			return fmt.Errorf("autoscaler policy %s: %w", o.policy, err)
+		}
+		if len(file.Fleet.InstanceTypes) > 0 {
+			scaleDeps.Provider = newDevProvider(svcCtx, fleet, file, agentConfig)
+		}
+	}
 	var wg sync.WaitGroup
 	failed := make(chan error, len(units))
 	for _, u := range units {
@@ -221,19 +286,45 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer) error {
 		}()
 	}
 	defer wg.Wait()
+	defer fleet.stopAll()
 	defer stopServices()
+	for _, n := range nodes {
+		if err := fleet.start(svcCtx, n.ID); err != nil {
+			return err
+		}
+	}
 
 	for _, u := range units {
 		if err := waitReady(ctx, u.cfg.HTTPAddr, failed); err != nil {
 			return fmt.Errorf("%s did not become ready (log: %s): %w", u.name, logPath, err)
 		}
 	}
+	for _, n := range fleet.nodes() {
+		if err := waitReady(ctx, n.HTTP, failed); err != nil {
+			if ferr := fleet.failed(n.ID); ferr != nil {
+				err = ferr
+			}
+			return fmt.Errorf("node agent %s did not become ready (log: %s): %w", n.ID, logPath, err)
+		}
+	}
+
+	// Chaos: `shizu chaos` asks this process, as admin, to break its nodes.
+	chaosConn, err := nats.Connect(natsURL, nats.UserInfo(topology.Admin, passwords[topology.Admin]), nats.Name("shizu-dev-chaos"))
+	if err != nil {
+		return fmt.Errorf("chaos endpoint: %w", err)
+	}
+	defer chaosConn.Close()
+	if _, err := fleet.serveChaos(svcCtx, chaosConn); err != nil {
+		return fmt.Errorf("chaos endpoint: %w", err)
+	}
+
 	envPath := filepath.Join(dataDir, "env")
 	env := fmt.Sprintf("export SHIZU_NATS_URL=%s\nexport SHIZU_NATS_USER=%s\nexport SHIZU_NATS_PASSWORD=%s\nexport SHIZU_REDIS_URL=%s\n",
 		natsURL, topology.Admin, passwords[topology.Admin], stack.redisURL)
 	if err := os.WriteFile(envPath, []byte(env), 0o600); err != nil {
 		return fmt.Errorf("env file: %w", err)
 	}
+	defer os.Remove(envPath) // a stopped platform leaves no credentials that point nowhere
 
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	state := "kept across restarts"
@@ -246,13 +337,33 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer) error {
 	for _, u := range units {
 		fmt.Fprintf(tw, "  %s\tready\thttp://%s/readyz  /metrics\n", u.name, u.cfg.HTTPAddr)
 	}
+	for _, n := range fleet.nodes() {
+		fmt.Fprintf(tw, "  %s\tready\thttp://%s/readyz  node agent, simulated %s, %s\n", n.ID, n.HTTP, n.Profile, n.Market)
+	}
 	_ = tw.Flush()
 	for _, n := range notes {
 		if n != "" {
 			fmt.Fprintf(stdout, "  note: %s\n", n)
 		}
 	}
-	fmt.Fprintf(stdout, "\nAdmin credentials for tools: source %s\nService logs: %s\nCtrl-C stops everything.\n", envPath, logPath)
+	devFlag := ""
+	if cwd, err := os.Getwd(); err != nil || filepath.Join(cwd, ".shizu") != dataDir {
+		devFlag = " -dev-dir " + dataDir
+	}
+	fmt.Fprintf(stdout, "\nTalk to it from another terminal:\n")
+	tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	for _, l := range [][2]string{
+		{"shizu rent -gpus 2 -nvlink", "rent GPUs; prints where they run"},
+		{"shizu ls", "your rentals and their state"},
+		{"shizu show <rental>", "a rental's timeline"},
+		{"shizu nodes -gpus", "the fleet, GPU by GPU"},
+		{"shizu chaos kill <node>", "break a node and watch failover"},
+		{"shizu bill", "charges so far"},
+	} {
+		fmt.Fprintf(tw, "  %s%s\t# %s\n", l[0], devFlag, l[1])
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(stdout, "Other tools: source %s (SHIZU_NATS_URL, _USER, _PASSWORD as admin, SHIZU_REDIS_URL)\nService logs: %s\nCtrl-C stops everything.\n", envPath, logPath)
 
 	select {
 	case <-ctx.Done():
@@ -284,7 +395,7 @@ func pickPort(preferred int, what string) (int, string) {
 	return port, fmt.Sprintf("port %d is taken (another %s?); %s uses %d", preferred, what, what, port)
 }
 
-func (s *devStack) startRedis(port int, dir string, notes *[]string) error {
+func (s *devStack) startRedis(port int, dir string, persist bool, notes *[]string) error {
 	port, note := pickPort(port, "Redis")
 	*notes = append(*notes, note)
 	bin, err := exec.LookPath("redis-server")
@@ -303,10 +414,16 @@ func (s *devStack) startRedis(port int, dir string, notes *[]string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	// No persistence: Redis holds the live capacity view, which node agents
-	// rebuild by re-registering; JetStream is the system of record.
+	// Append-only file in the data folder: node agents re-register their
+	// nodes on restart, but the allocations of running rentals (which the
+	// agents renew, and stop as zombies when missing) live only in Redis,
+	// so a restarted `shizu dev` needs them back to keep its rentals.
+	appendonly := "yes"
+	if !persist {
+		appendonly = "no"
+	}
 	s.redisCmd = exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no", "--loglevel", "warning")
+		"--save", "", "--appendonly", appendonly, "--appendfsync", "everysec", "--dir", dir, "--daemonize", "no", "--loglevel", "warning")
 	s.redisCmd.Stdout, s.redisCmd.Stderr = s.logFileOrDiscard(), s.logFileOrDiscard()
 	if err := s.redisCmd.Start(); err != nil {
 		s.redisCmd = nil

@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,58 +18,26 @@ import (
 )
 
 // TestDevStartsThePlatformAndStopsOnInterrupt builds the shizu binary and
-// runs `shizu dev` as a real process, as the README tells a newcomer to.
+// runs `shizu dev` as a real process, as the README tells a newcomer to;
+// then starts it again on the same data folder and finds its rental still
+// running.
 func TestDevStartsThePlatformAndStopsOnInterrupt(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "shizu")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
 	data := filepath.Join(t.TempDir(), "data")
-	cmd := exec.Command(bin, "dev", "-data", data, "-nats-port", "0", "-nats-monitor-port", "0", "-redis-port", "0")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	lines := make(chan string, 100)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-		exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-
+	d := startDev(t, "-data", data, "-fleet", "rtx4090x8:1")
 	readyURL := regexp.MustCompile(`^\s+(\S+)\s+ready\s+(http://\S+/readyz)`)
 	ready := map[string]string{}
-	deadline := time.After(120 * time.Second)
-	for len(ready) < 5 {
-		select {
-		case line, ok := <-lines:
-			if !ok {
-				t.Fatalf("shizu dev exited before it was up: %v\nstderr:\n%s", <-exited, stderr.String())
-			}
-			if m := readyURL.FindStringSubmatch(line); m != nil {
-				ready[m[1]] = m[2]
-			}
-		case <-deadline:
-			t.Fatalf("shizu dev not up within 120s; stderr:\n%s", stderr.String())
+	for _, line := range d.out {
+		if m := readyURL.FindStringSubmatch(line); m != nil {
+			ready[m[1]] = m[2]
 		}
 	}
-	for _, svc := range []string{"scheduler", "metering", "autoscaler", "failover", "node-agent"} {
+	for _, svc := range []string{"scheduler", "metering", "autoscaler", "failover", "rtx4090x8-1"} {
 		url, ok := ready[svc]
 		if !ok {
-			t.Fatalf("%s not listed as ready", svc)
+			t.Fatalf("%s not listed as ready in:\n%s", svc, strings.Join(d.out, "\n"))
 		}
 		resp, err := http.Get(url)
 		if err != nil || resp.StatusCode != http.StatusOK {
@@ -99,22 +64,58 @@ func TestDevStartsThePlatformAndStopsOnInterrupt(t *testing.T) {
 	}
 	_ = c.Close(context.Background())
 
-	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
-		t.Fatal(err)
+	type rental struct {
+		ID       string `json:"rental_id"`
+		State    string `json:"state"`
+		Node     string `json:"node"`
+		Attempt  int    `json:"attempt"`
+		Segments []struct {
+			StartedAt time.Time  `json:"started_at"`
+			StoppedAt *time.Time `json:"stopped_at"`
+		} `json:"segments"`
 	}
-	for range lines { // drain output
+	var r rental
+	d.json(&r, "rent", "-wait", "60s")
+	if r.State != stateRunning {
+		t.Fatalf("rent: %+v", r)
 	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("shizu dev exited with %v after Ctrl-C; stderr:\n%s", err, stderr.String())
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("shizu dev did not stop within 60s of Ctrl-C")
+	if out := d.interrupt(); !strings.Contains(out, "1 rental workloads keep running") {
+		t.Fatalf("Ctrl-C did not say the workload keeps running:\n%s", out)
 	}
 	if _, err := os.Stat(filepath.Join(data, "nats", "jetstream")); err != nil {
 		t.Fatalf("JetStream store not kept in the data folder: %v", err)
 	}
+	if _, err := os.Stat(filepath.Join(data, "env")); !os.IsNotExist(err) {
+		t.Fatalf("the env file outlives the platform: %v", err)
+	}
+
+	// A second start on the same folder: the node agent adopts the
+	// workload, finds its allocation (Redis's append-only file) and keeps it.
+	d2 := startDev(t, "-data", data, "-fleet", "rtx4090x8:1")
+	var again rental
+	d2.json(&again, "show", r.ID)
+	if again.State != stateRunning || again.Node != r.Node || again.Attempt != 1 || len(again.Segments) != 1 || again.Segments[0].StoppedAt != nil {
+		t.Fatalf("after a restart: %+v, want still running attempt 1 on %s", again, r.Node)
+	}
+	// The agent checks adopted workloads against the store as it starts: a
+	// workload without its allocation would have been stopped as a zombie.
+	var nodes []nodeView
+	testkit.Eventually(t, 20*time.Second, func() error {
+		d2.json(&nodes, "nodes")
+		if len(nodes) != 1 || nodes[0].Rentals != 1 || nodes[0].Epoch != 1 {
+			return fmt.Errorf("nodes %+v, want the one node at epoch 1 holding the rental", nodes)
+		}
+		return nil
+	})
+	d2.json(&again, "show", r.ID)
+	if again.State != stateRunning {
+		t.Fatalf("the adopted rental did not survive the agent's lease check: %+v", again)
+	}
+	d2.json(&again, "stop", r.ID, "-wait", "60s")
+	if again.State != stateStopped {
+		t.Fatalf("stop after the restart: %+v", again)
+	}
+	d2.interrupt()
 }
 
 func TestProvisionCreatesStreamsAsAdminOnly(t *testing.T) {

@@ -17,7 +17,22 @@ const usage = `shizu: the Shizu GPU rental control plane
 Usage:
   shizu dev [flags]        run NATS, Redis and all five services on this machine
   shizu provision [flags]  create or update the JetStream streams (as the admin user)
+  shizu replay [flags]     replay the Alibaba GPU trace through the placement policies
   shizu version            print the version
+
+Tenant:
+  shizu rent [flags]       rent GPUs (whole, fraction, NVLink, MIG, TEE; on-demand, reserved, spot)
+  shizu ls                 list your rentals and their state
+  shizu show <rental>      a rental's timeline: requested, scheduled, started, migrated, stopped
+  shizu stop <rental>      stop a rental
+  shizu bill               current charges and invoices
+  shizu advise [flags]     the cost advisor: cheapest plan mix for a development round
+
+Operator:
+  shizu nodes              the fleet: capacity, allocation and health per GPU
+  shizu pools              autoscaled pools and their last decisions
+  shizu traffic <pool>     publish traffic samples to drive the autoscaler
+  shizu chaos <action>     break a simulated node of shizu dev (kill, xid, ecc, interrupt, ...)
 
 Run "shizu <command> -h" for a command's flags and examples.
 `
@@ -42,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return devCommand(ctx, args[1:], stdout, stderr)
 	case "provision":
 		return provisionCommand(ctx, args[1:], stdout, stderr)
+	case "replay":
+		return replayCommand(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "shizu", version)
 		return 0
@@ -49,6 +66,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
+		if v, ok := verbs()[args[0]]; ok {
+			return v.main(ctx, args[1:], stdout, stderr)
+		}
 		fmt.Fprintf(stderr, "shizu: unknown command %q\n\n%s", args[0], usage)
 		return 2
 	}

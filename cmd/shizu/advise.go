@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/metering/advisor"
+	"github.com/shizu-gpu/shizu/services/metering/ledger"
+	"github.com/shizu-gpu/shizu/services/metering/pricing"
+	"github.com/shizu-gpu/shizu/shared/subject"
+	"github.com/shizu-gpu/shizu/shared/topology"
+)
+
+// spotHistory turns stored spot price changes of one model (any zone, or
+// the given one) into the advisor's price points.
+func spotHistory(events []event, model, zone, currency string) []ledger.PricePoint {
+	var out []ledger.PricePoint
+	for _, e := range events {
+		m, ok := e.Msg.(*shizuv1.SpotPriceChanged)
+		if !ok || m.GetModel() != model || (zone != "" && m.GetZone() != zone) || m.GetPricePerGpuHour().GetCurrency() != currency {
+			continue
+		}
+		at := ts(m.GetEffectiveAt())
+		if at.IsZero() {
+			at = ts(m.GetMeta().GetOccurredAt())
+		}
+		out = append(out, ledger.PricePoint{At: at, Price: pricing.FromProto(m.GetPricePerGpuHour())})
+	}
+	return out
+}
+
+var adviseVerb = verb{
+	name:    "advise",
+	summary: "The cost advisor: the cheapest plan mix and schedule for a development round (training on spot in the cheapest hours, tuning on demand by the second) and the saving against all on-demand.",
+	usage:   "[flags]",
+	examples: `  shizu advise -training-gpu-hours 400 -training-gpus 8 -sessions 20 -session-length 45m
+  shizu advise -model A100-SXM4-80GB -days 3 -spot-price 0.90 -o json
+`,
+	setup: func(fs *flag.FlagSet) func(context.Context, []string, io.Writer) error {
+		var cf clientFlags
+		cf.register(fs)
+		model := fs.String("model", "H100-SXM5-80GB", "GPU model (prices from the catalogue)")
+		zone := fs.String("zone", "", "zone whose spot prices to use (default any)")
+		trainHours := fs.Int64("training-gpu-hours", 200, "GPU-hours of checkpointed, interruptible training")
+		trainGPUs := fs.Int("training-gpus", 8, "GPUs the training runs on in parallel")
+		overhead := fs.Int64("spot-overhead", 10, "percent more GPU time training needs on spot (work redone after interruptions)")
+		sessions := fs.Int64("sessions", 10, "interactive tuning sessions")
+		sessionLen := fs.Duration("session-length", 40*time.Minute, "length of one tuning session")
+		sessionGPUs := fs.Int("session-gpus", 1, "GPUs per tuning session")
+		days := fs.Int("days", 7, "the round runs from the next whole hour for this many days")
+		lookback := fs.Duration("lookback", 7*24*time.Hour, "spot price history to average by hour of day")
+		spot := fs.String("spot-price", "", "assume this flat spot price per GPU-hour where no spot prices were published")
+		offline := fs.Bool("offline", false, "do not read spot prices from the platform (use -spot-price or list prices)")
+		return func(ctx context.Context, args []string, stdout io.Writer) error {
+			if len(args) > 0 {
+				return usagef("unexpected argument %q", args[0])
+			}
+			cat, err := pricing.Shipped()
+			if err != nil {
+				return err
+			}
+			onDemand, err := cat.OnDemand(*model)
+			if err != nil {
+				return usagef("-model %q is not in the price catalogue; models: %s", *model, strings.Join(cat.Models(), ", "))
+			}
+			if *days < 1 || *days > 366 {
+				return usagef("-days %d: want 1..366", *days)
+			}
+			now := time.Now().UTC()
+			from := now.Truncate(time.Hour).Add(time.Hour)
+			w := advisor.Workload{TrainingGPUHours: *trainHours, TrainingGPUs: int32(*trainGPUs), SpotOverheadPercent: *overhead,
+				TuningSessions: *sessions, SessionLength: *sessionLen, SessionGPUs: int32(*sessionGPUs),
+				From: from, Deadline: from.Add(time.Duration(*days) * 24 * time.Hour)}
+			if err := w.Validate(); err != nil {
+				return usagef("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+			}
+			var history []ledger.PricePoint
+			source := "list price (no spot prices known)"
+			if !*offline {
+				conn, _, err := cf.connect(ctx)
+				if err != nil {
+					return err
+				}
+				evs, err := readStream(ctx, conn, topology.StreamMarket, subject.SpotPriceChangedAll)
+				_ = conn.Close(context.WithoutCancel(ctx))
+				if err != nil {
+					return err
+				}
+				history = spotHistory(evs, *model, *zone, onDemand.Currency)
+				if len(history) > 0 {
+					source = fmt.Sprintf("%d spot price changes over the last %s", len(history), *lookback)
+				}
+			}
+			m := advisor.Market{Currency: onDemand.Currency, OnDemandMicros: onDemand.Micros}
+			if len(history) > 0 {
+				m.SpotByHourMicros = advisor.SpotByHour(history, onDemand.Micros, now.Add(-*lookback), now)
+			} else if *spot != "" {
+				micros, err := parseAmount(*spot)
+				if err != nil {
+					return usagef("-spot-price: %v", err)
+				}
+				for h := range m.SpotByHourMicros {
+					m.SpotByHourMicros[h] = micros
+				}
+				source = "assumed flat spot price " + money(micros, onDemand.Currency)
+			} else {
+				for h := range m.SpotByHourMicros {
+					m.SpotByHourMicros[h] = onDemand.Micros
+				}
+			}
+			adv, err := advisor.Advise(w, m)
+			if err != nil {
+				return err
+			}
+			if cf.output == "json" {
+				return printJSON(stdout, map[string]any{"model": *model, "prices": source, "on_demand_micros": onDemand.Micros, "advice": adv})
+			}
+			fmt.Fprintf(stdout, "%s at %s per GPU-hour on demand; spot from %s\n\n", *model, money(onDemand.Micros, onDemand.Currency), source)
+			tw := table(stdout)
+			fmt.Fprintln(tw, "WHAT\tPLAN\tSTART (UTC)\tEND (UTC)\tGPUS\tCOST")
+			for _, b := range adv.Blocks {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", b.What, planName(b.Plan), b.Start.UTC().Format("Mon 15:04"), b.End.UTC().Format("Mon 15:04"), b.GPUs, money(b.Micros, adv.Currency))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "\nrecommended: %s\nall on demand, hourly billing: %s\nsaving: %s\n",
+				money(adv.TotalMicros, adv.Currency), money(adv.AllOnDemandMicros, adv.Currency), money(adv.SavingMicros, adv.Currency))
+			return nil
+		}
+	},
+}

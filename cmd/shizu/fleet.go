@@ -1,0 +1,409 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	nodeagent "github.com/shizu-gpu/shizu/services/node-agent/app"
+	"github.com/shizu-gpu/shizu/services/node-agent/gpu/simgpu"
+	"github.com/shizu-gpu/shizu/shared/subject"
+)
+
+// defaultFleet covers every kind of rental: NVLink (h100x8, a100x8), MIG
+// slices (h100x8-mig), PCIe-only consumer cards (rtx4090x8) and TEE
+// (h200x8).
+const defaultFleet = "h100x8:1,h100x8-mig:1,a100x8:1,rtx4090x8:1,h200x8:1"
+
+// fleetNode is one simulated GPU host of `shizu dev`.
+type fleetNode struct {
+	ID      string
+	Profile string
+	Market  string // on-demand or spot
+}
+
+// parseFleet reads "h100x8:2,a100x8:1,rtx4090x8:2:spot": profile, count,
+// optional market. Nodes are named <profile>-<n> (with -spot for spot
+// nodes), numbered per profile and market from 1.
+func parseFleet(spec string) ([]fleetNode, error) {
+	var out []fleetNode
+	seen := map[string]int{}
+	for _, part := range strings.Split(spec, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		fields := strings.Split(part, ":")
+		if len(fields) > 3 {
+			return nil, fmt.Errorf("fleet %q: want profile[:count[:market]], e.g. h100x8:2 or rtx4090x8:1:spot", part)
+		}
+		profile := fields[0]
+		if _, err := simgpu.Lookup(profile); err != nil {
+			return nil, fmt.Errorf("fleet %q: unknown profile %q; profiles: %s", part, profile, strings.Join(simgpu.Profiles(), ", "))
+		}
+		count := 1
+		if len(fields) > 1 {
+			n, err := strconv.Atoi(fields[1])
+			if err != nil || n < 0 || n > 64 {
+				return nil, fmt.Errorf("fleet %q: count %q is not a number of nodes 0..64", part, fields[1])
+			}
+			count = n
+		}
+		market := "on-demand"
+		if len(fields) > 2 {
+			if fields[2] != "on-demand" && fields[2] != "spot" {
+				return nil, fmt.Errorf("fleet %q: market %q, want on-demand or spot", part, fields[2])
+			}
+			market = fields[2]
+		}
+		prefix := profile
+		if market == "spot" {
+			prefix += "-spot"
+		}
+		for range count {
+			seen[prefix]++
+			out = append(out, fleetNode{ID: fmt.Sprintf("%s-%d", prefix, seen[prefix]), Profile: profile, Market: market})
+		}
+	}
+	if len(out) > 64 {
+		return nil, fmt.Errorf("fleet of %d nodes: at most 64 run in one process", len(out))
+	}
+	return out, nil
+}
+
+// fleetRunner runs the simulated node agents of `shizu dev`, each with its
+// own node id, state folder and simulated GPUs, and lets chaos stop,
+// restart and break them.
+type fleetRunner struct {
+	log *slog.Logger
+
+	mu     sync.Mutex
+	agents map[string]*runningAgent
+	order  []string
+}
+
+type runningAgent struct {
+	node   fleetNode
+	cfg    nodeagent.Config
+	fleet  *simgpu.Fleet
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+}
+
+func newFleetRunner(nodes []fleetNode, base func(fleetNode) nodeagent.Config, log *slog.Logger) (*fleetRunner, error) {
+	r := &fleetRunner{agents: map[string]*runningAgent{}, log: log}
+	for _, n := range nodes {
+		if err := r.add(n, base(n)); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// add adds a node (not started) to the fleet.
+func (r *fleetRunner) add(n fleetNode, cfg nodeagent.Config) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("node %s: %w", n.ID, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.agents[n.ID] != nil {
+		return fmt.Errorf("node %s exists", n.ID)
+	}
+	r.agents[n.ID] = &runningAgent{node: n, cfg: cfg}
+	r.order = append(r.order, n.ID)
+	return nil
+}
+
+// remove stops a node's agent, if it runs, and forgets the node.
+func (r *fleetRunner) remove(id string) {
+	_ = r.stop(id)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.agents, id)
+	r.order = slices.DeleteFunc(r.order, func(s string) bool { return s == id })
+}
+
+// ids lists every node of the fleet, in order.
+func (r *fleetRunner) ids() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.order)
+}
+
+// simulatedFleet builds a node's simulated GPUs, seeded by its node id as
+// the node agent itself does, so a restarted node shows the same GPUs.
+func simulatedFleet(n fleetNode) (*simgpu.Fleet, error) {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(n.ID))
+	return simgpu.New(n.Profile, h.Sum64())
+}
+
+// start starts a node's agent (with fresh, healthy GPUs) unless it runs.
+func (r *fleetRunner) start(ctx context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a := r.agents[id]
+	if a == nil {
+		return fmt.Errorf("no simulated node %q", id)
+	}
+	if a.cancel != nil {
+		return fmt.Errorf("node %s is already running", id)
+	}
+	f, err := simulatedFleet(a.node)
+	if err != nil {
+		return err
+	}
+	cfg := a.cfg
+	cfg.Fleet = f
+	actx, cancel := context.WithCancel(ctx)
+	a.fleet, a.cancel, a.done, a.err = f, cancel, make(chan struct{}), nil
+	done := a.done
+	go func() {
+		defer close(done)
+		err := nodeagent.Run(actx, cfg)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if err != nil && !errors.Is(err, context.Canceled) {
+			r.log.Error("node agent stopped", "node", id, "err", err)
+			a.err = err
+		}
+		if a.done == done { // ended by itself: it may be started again
+			a.cancel, a.fleet = nil, nil
+			cancel()
+		}
+	}()
+	return nil
+}
+
+// stop stops a node's agent and waits for it; its heartbeat then expires
+// and its workloads keep running, as on a host whose agent died.
+func (r *fleetRunner) stop(id string) error {
+	r.mu.Lock()
+	a := r.agents[id]
+	if a == nil {
+		r.mu.Unlock()
+		return fmt.Errorf("no simulated node %q", id)
+	}
+	if a.cancel == nil {
+		r.mu.Unlock()
+		return fmt.Errorf("node %s is not running", id)
+	}
+	cancel, done := a.cancel, a.done
+	a.cancel, a.fleet = nil, nil
+	r.mu.Unlock()
+	cancel()
+	<-done
+	return nil
+}
+
+func (r *fleetRunner) stopAll() {
+	for _, id := range r.ids() {
+		_ = r.stop(id)
+	}
+}
+
+// nodes lists the fleet in order with whether each agent runs.
+func (r *fleetRunner) nodes() []chaosNode {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]chaosNode, 0, len(r.order))
+	for _, id := range r.order {
+		a := r.agents[id]
+		out = append(out, chaosNode{ID: id, Profile: a.node.Profile, Market: a.node.Market, Running: a.cancel != nil, HTTP: a.cfg.Service.HTTPAddr})
+	}
+	return out
+}
+
+func (r *fleetRunner) failed(id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if a := r.agents[id]; a != nil {
+		return a.err
+	}
+	return nil
+}
+
+// chaosRequest is what `shizu chaos` sends on shizu.dev.chaos.<node>.
+type chaosRequest struct {
+	Action string `json:"action"` // kill, restart, xid, ecc, offbus, interrupt, list
+	GPU    int    `json:"gpu,omitempty"`
+	XID    int    `json:"xid,omitempty"`
+	// In is how long until a spot interruption takes the node.
+	In time.Duration `json:"in,omitempty"`
+}
+
+type chaosNode struct {
+	ID      string `json:"node_id"`
+	Profile string `json:"profile"`
+	Market  string `json:"market"`
+	Running bool   `json:"running"`
+	HTTP    string `json:"http"`
+}
+
+type chaosReply struct {
+	OK      bool        `json:"ok"`
+	Message string      `json:"message,omitempty"`
+	Error   string      `json:"error,omitempty"`
+	Nodes   []chaosNode `json:"nodes,omitempty"`
+}
+
+// chaosSubject is the request subject `shizu dev` answers for a node;
+// only the admin user may publish on it (every service user's permissions
+// are limited to its own subjects).
+const (
+	chaosSubject    = "shizu.dev.chaos.%s"
+	chaosSubjectAll = "shizu.dev.chaos.*"
+)
+
+// apply performs one chaos action.
+func (r *fleetRunner) apply(ctx context.Context, node string, req chaosRequest) chaosReply {
+	if req.Action == "list" {
+		return chaosReply{OK: true, Nodes: r.nodes()}
+	}
+	fail := func(err error) chaosReply { return chaosReply{Error: err.Error()} }
+	switch req.Action {
+	case "kill", "restart", "xid", "ecc", "offbus", "interrupt":
+	default:
+		return fail(fmt.Errorf("unknown action %q: want list, kill, restart, xid, ecc, offbus or interrupt", req.Action))
+	}
+	switch req.Action {
+	case "kill":
+		if err := r.stop(node); err != nil {
+			return fail(err)
+		}
+		return chaosReply{OK: true, Message: fmt.Sprintf("node agent %s stopped: its heartbeat expires and failover moves its rentals", node)}
+	case "restart":
+		if err := r.start(ctx, node); err != nil {
+			return fail(err)
+		}
+		return chaosReply{OK: true, Message: fmt.Sprintf("node agent %s started with healthy GPUs: it registers again and stops workloads whose allocation was fenced", node)}
+	}
+	r.mu.Lock()
+	a := r.agents[node]
+	var f *simgpu.Fleet
+	if a != nil {
+		f = a.fleet
+	}
+	r.mu.Unlock()
+	if a == nil {
+		return fail(fmt.Errorf("no simulated node %q", node))
+	}
+	if f == nil {
+		return fail(fmt.Errorf("node %s is not running (shizu chaos restart %s)", node, node))
+	}
+	var err error
+	var msg string
+	switch req.Action {
+	case "xid":
+		err = f.RaiseXID(req.GPU, req.XID)
+		msg = fmt.Sprintf("Xid %d raised on %s GPU %d", req.XID, node, req.GPU)
+	case "ecc":
+		err = f.InjectECC(req.GPU, 0, 1)
+		msg = fmt.Sprintf("uncorrected ECC error on %s GPU %d", node, req.GPU)
+	case "offbus":
+		err = f.FallOffBus(req.GPU)
+		msg = fmt.Sprintf("%s GPU %d fell off the bus (Xid 79)", node, req.GPU)
+	case "interrupt":
+		in := req.In
+		if in <= 0 {
+			in = 30 * time.Second
+		}
+		err = f.NoticeInterruption(ctx, time.Now().Add(in), "shizu chaos interrupt")
+		msg = fmt.Sprintf("spot interruption notice on %s, reclaimed in %s", node, in)
+	default:
+		err = fmt.Errorf("unknown action %q", req.Action)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return chaosReply{OK: true, Message: msg}
+}
+
+// serveChaos answers chaos requests on nc until ctx ends.
+func (r *fleetRunner) serveChaos(ctx context.Context, nc *nats.Conn) (*nats.Subscription, error) {
+	return nc.Subscribe(chaosSubjectAll, func(m *nats.Msg) {
+		node := strings.TrimPrefix(m.Subject, strings.TrimSuffix(chaosSubjectAll, "*"))
+		var req chaosRequest
+		reply := chaosReply{}
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			reply.Error = "bad request: " + err.Error()
+		} else if err := subject.Token(node); err != nil && req.Action != "list" {
+			reply.Error = err.Error()
+		} else {
+			reply = r.apply(ctx, node, req)
+		}
+		data, _ := json.Marshal(reply)
+		_ = m.Respond(data)
+	})
+}
+
+// leftWorkloads counts the workloads a node agent left running under
+// stateDir (its records in rentals/*.json name each process group and its
+// start time, against pid reuse), and with kill ends them: an ephemeral
+// `shizu dev` does at exit, as nothing will adopt them.
+func leftWorkloads(stateDir string, kill bool) int {
+	entries, err := os.ReadDir(filepath.Join(stateDir, "rentals"))
+	if err != nil {
+		return 0
+	}
+	killed := 0
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(stateDir, "rentals", e.Name()))
+		if err != nil {
+			continue
+		}
+		var rec struct {
+			PID      int             `json:"pid"`
+			PIDStart uint64          `json:"pid_start"`
+			Exit     json.RawMessage `json:"exit"`
+		}
+		if json.Unmarshal(data, &rec) != nil || rec.PID <= 1 || (len(rec.Exit) > 0 && string(rec.Exit) != "null") {
+			continue
+		}
+		if start, ok := procStart(rec.PID); !ok || start != rec.PIDStart {
+			continue
+		}
+		if !kill || syscall.Kill(-rec.PID, syscall.SIGKILL) == nil {
+			killed++
+		}
+	}
+	return killed
+}
+
+// procStart reads a process's start time (field 22 of /proc/<pid>/stat).
+func procStart(pid int) (uint64, bool) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 20 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(fields[19], 10, 64)
+	return v, err == nil
+}
+
+// discardLogger is for tests that build a runner without a log file.
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
