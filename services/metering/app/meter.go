@@ -176,7 +176,7 @@ func (m *Meter) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating, d 
 	if hb := ev.GetLastHeartbeatAt(); hb != nil {
 		last = hb.AsTime()
 	}
-	if err := m.store.Lost(ctx, ev.GetRentalId(), ev.GetFromNodeId(), last); err != nil {
+	if err := m.store.Lost(ctx, ev.GetRentalId(), max(ev.GetFromAttempt(), 1), last); err != nil {
 		return err
 	}
 	attempts, err := m.store.Attempts(ctx, ev.GetRentalId())

@@ -291,3 +291,17 @@ func TestPropertyClosingInStepsGivesTheRecordsOfOneClose(t *testing.T) {
 		}
 	})
 }
+
+func TestANodeLostBeforeItsFirstHeartbeatAfterTheStartBillsNothing(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 6, 18, 12, 0, 0, 0, time.UTC)
+	st := ledger.SegmentState{RentalID: "r", Attempt: 1, Scheduled: true, StartedAt: start, LostAt: start.Add(-300 * time.Millisecond)}
+	if end := st.End(); !end.Equal(start) {
+		t.Fatalf("end %s, want the start %s: the loss came before any beat of this run", end, start)
+	}
+	st.LostAt = start.Add(90 * time.Second)
+	st.StoppedAt = start.Add(5 * time.Minute) // the zombie's late stop
+	if end := st.End(); !end.Equal(st.LostAt) {
+		t.Fatalf("end %s, want the last heartbeat %s", end, st.LostAt)
+	}
+}

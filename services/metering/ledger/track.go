@@ -34,8 +34,8 @@ type SegmentState struct {
 	// StoppedAt and ExitReason come from RentalStopped.
 	StoppedAt  time.Time
 	ExitReason shizuv1.ExitReason
-	// LostAt is the last heartbeat of the node the rental left in a
-	// failover (RentalMigrating); billing ends there at the latest.
+	// LostAt is the last heartbeat of the node this placement was lost on
+	// in a failover (RentalMigrating); billing ends there at the latest.
 	LostAt time.Time
 
 	// Cursor is the end of the last record published.
@@ -53,11 +53,19 @@ func (s SegmentState) Start() time.Time {
 }
 
 // End is the segment's billing end, if known: the earlier of the stop and
-// the last heartbeat of a lost node (never before the start), so the dead
-// interval of a failover is not billed.
+// the last heartbeat of the node it was lost on, so the dead interval of a
+// failover is not billed. A node lost before its first heartbeat after the
+// start bills nothing (the end is the start).
 func (s SegmentState) End() time.Time {
 	end := s.StoppedAt
-	if lost := s.LostAt; !lost.IsZero() && !lost.Before(s.Start()) && (end.IsZero() || lost.Before(end)) {
+	lost := s.LostAt
+	if lost.IsZero() {
+		return end
+	}
+	if start := s.Start(); !start.IsZero() && lost.Before(start) {
+		lost = start
+	}
+	if end.IsZero() || lost.Before(end) {
 		end = lost
 	}
 	return end

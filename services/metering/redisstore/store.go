@@ -72,7 +72,8 @@ func parseMember(m string) (SegmentRef, error) {
 func nanos(t time.Time) string { return strconv.FormatInt(t.UnixNano(), 10) }
 
 // mergeScript merges one event's fields into a segment and returns the
-// segment's hash and the lost-node heartbeat of its node, in one round trip.
+// segment's hash and the last heartbeat of the node this placement was lost
+// on, if it was, in one round trip.
 //
 //	KEYS: seg, lost, due, attempts
 //	ARGV: mode (sched|start|stop|get), due member, due score, attempt, field, value, ...
@@ -86,13 +87,7 @@ end
 if mode == 'start' or mode == 'stop' then redis.call('ZADD', KEYS[3], 'NX', ARGV[3], ARGV[2]) end
 if mode == 'start' or mode == 'sched' then redis.call('SADD', KEYS[4], ARGV[4]) end
 local h = redis.call('HGETALL', KEYS[1])
-local node, startnode = false, false
-for i = 1, #h, 2 do
-  if h[i] == 'node' then node = h[i+1] elseif h[i] == 'startnode' then startnode = h[i+1] end
-end
-node = node or startnode
-local lost = false
-if node then lost = redis.call('HGET', KEYS[2], node) end
+local lost = redis.call('HGET', KEYS[2], ARGV[4])
 return {h, lost}`)
 
 func (s *Store) merge(ctx context.Context, ref SegmentRef, mode string, due time.Time, fields ...any) (ledger.SegmentState, error) {
@@ -142,10 +137,12 @@ func (s *Store) Stopped(ctx context.Context, ref SegmentRef, startedAt, stoppedA
 	return s.merge(ctx, ref, "stop", stoppedAt, "sstart", nanos(startedAt), "stop", nanos(stoppedAt), "exit", int32(reason))
 }
 
-// Lost records the last heartbeat of the node a rental left in a failover.
-// The earliest report wins, so replays agree.
-func (s *Store) Lost(ctx context.Context, rental, node string, lastHeartbeat time.Time) error {
-	return minScript.Run(ctx, s.rdb, []string{s.lostKey(rental)}, node, nanos(lastHeartbeat)).Err()
+// Lost records the last heartbeat of the node that placement attempt of a
+// rental was lost on in a failover. It is kept per attempt, so a later
+// placement on the same node is not ended by it. The earliest report wins,
+// so replays agree.
+func (s *Store) Lost(ctx context.Context, rental string, attempt int32, lastHeartbeat time.Time) error {
+	return minScript.Run(ctx, s.rdb, []string{s.lostKey(rental)}, strconv.Itoa(int(attempt)), nanos(lastHeartbeat)).Err()
 }
 
 var minScript = redis.NewScript(`

@@ -103,12 +103,32 @@ func TestTheEarliestLostHeartbeatWinsWhateverTheOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, at := range []time.Time{t0.Add(2 * time.Minute), t0.Add(time.Minute), t0.Add(3 * time.Minute)} {
-		if err := s.Lost(ctx, "r-1", "node-1", at); err != nil {
+		if err := s.Lost(ctx, "r-1", 1, at); err != nil {
 			t.Fatal(err)
 		}
 	}
 	st, err := s.Segment(ctx, ref)
 	if err != nil || !st.LostAt.Equal(t0.Add(time.Minute)) {
 		t.Fatalf("lost at %s, want the earliest report (%v)", st.LostAt, err)
+	}
+}
+
+func TestALossEndsOnlyThePlacementItWasReportedFor(t *testing.T) {
+	t.Parallel()
+	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
+	ctx := context.Background()
+	for _, a := range []int32{1, 2} {
+		if _, err := s.Scheduled(ctx, ledger.SegmentState{RentalID: "r-1", Attempt: a, TenantID: "acme", NodeID: "node-1",
+			Plan: shizuv1.Plan_PLAN_ON_DEMAND, Model: "H100-SXM5-80GB", GPUCount: 1, MilliGPU: 1000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Lost(ctx, "r-1", 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	// Attempt 2 runs on the same node again, after the loss.
+	st, err := s.Started(ctx, redisstore.SegmentRef{RentalID: "r-1", Attempt: 2}, "node-1", t0.Add(time.Minute), t0.Add(2*time.Minute))
+	if err != nil || !st.LostAt.IsZero() || !st.End().IsZero() {
+		t.Fatalf("attempt 2 inherited attempt 1's loss: lost %s end %s (%v)", st.LostAt, st.End(), err)
 	}
 }
