@@ -3,7 +3,6 @@ package e2e
 import (
 	"cmp"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
