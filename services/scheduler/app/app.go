@@ -23,7 +23,7 @@ import (
 // Config is the scheduler's configuration.
 type Config struct {
 	Service service.Config
-	// Policy ranks nodes: fgd, bestfit, firstfit, random or dotprod
+	// Policy ranks nodes: fgd, shizu, bestfit, firstfit, random or dotprod
 	// (fixed is a replay baseline only: it books whole GPUs for fractions).
 	Policy string
 	// MaxCandidates bounds the feasible nodes scored per decision (0 = all);
@@ -71,7 +71,7 @@ func DefaultConfig() Config {
 // RegisterFlags binds the scheduler's own flags (the common ones are bound by
 // service.Main). Each defaults to its SHIZU_SCHEDULER_* environment variable.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Policy, "policy", env("SHIZU_SCHEDULER_POLICY", c.Policy), "placement policy: fgd, bestfit, firstfit, random, dotprod")
+	fs.StringVar(&c.Policy, "policy", env("SHIZU_SCHEDULER_POLICY", c.Policy), "placement policy: fgd, shizu, bestfit, firstfit, random, dotprod")
 	fs.IntVar(&c.MaxCandidates, "max-candidates", envInt("SHIZU_SCHEDULER_MAX_CANDIDATES", c.MaxCandidates), "feasible nodes scored per decision (0 = all)")
 	fs.IntVar(&c.BatchSize, "batch-size", envInt("SHIZU_SCHEDULER_BATCH_SIZE", c.BatchSize), "most requests placed per round")
 	fs.IntVar(&c.Concurrency, "concurrency", envInt("SHIZU_SCHEDULER_CONCURRENCY", c.Concurrency), "deliveries in flight")

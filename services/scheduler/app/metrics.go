@@ -2,7 +2,10 @@ package app
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
+
+	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -18,6 +21,9 @@ const (
 	metricConflict = "shizu.scheduler.reserve_conflicts"
 	metricRefresh  = "shizu.scheduler.snapshot_refreshes"
 	metricPreempt  = "shizu.scheduler.preemptions"
+	metricFragAmt  = "shizu.scheduler.fragmentation.amount"
+	metricFragRate = "shizu.scheduler.fragmentation.rate"
+	metricAlloc    = "shizu.scheduler.allocation.ratio"
 )
 
 // Metrics are the scheduler's instruments; a nil *Metrics records nothing.
@@ -27,6 +33,9 @@ type Metrics struct {
 	conflicts metric.Int64Counter
 	refreshes metric.Int64Counter
 	preempts  metric.Int64Counter
+	// frag is the latest fragmentation measure of the replica's view,
+	// published by the loop and read by the gauges' callback.
+	frag atomic.Pointer[placement.FragStats]
 }
 
 // NewMetrics creates the instruments on mp.
@@ -48,12 +57,40 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	e = append(e, err)
 	x.preempts, err = m.Int64Counter(metricPreempt, metric.WithDescription("Spot rentals preempted."))
 	e = append(e, err)
+	amount, err := m.Float64ObservableGauge(metricFragAmt, metric.WithUnit("{GPU}"),
+		metric.WithDescription("Expected fragmented GPU under the recent workload (FGD measure F(M)), in GPUs."))
+	e = append(e, err)
+	rate, err := m.Float64ObservableGauge(metricFragRate, metric.WithUnit("1"),
+		metric.WithDescription("Fragmented share of the idle GPU (F(M) / idle), 0..1."))
+	e = append(e, err)
+	alloc, err := m.Float64ObservableGauge(metricAlloc, metric.WithUnit("1"),
+		metric.WithDescription("Allocated share of the GPU capacity in the replica's view, 0..1."))
+	e = append(e, err)
 	for _, err := range e {
 		if err != nil {
 			return nil, err
 		}
 	}
+	if _, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st := x.frag.Load()
+		if st == nil || st.CapacityMilli == 0 {
+			return nil
+		}
+		o.ObserveFloat64(amount, st.FragMilli/placement.MilliPerGPU)
+		o.ObserveFloat64(rate, st.RatePct()/100)
+		o.ObserveFloat64(alloc, st.AllocationPct()/100)
+		return nil
+	}, amount, rate, alloc); err != nil {
+		return nil, err
+	}
 	return &x, nil
+}
+
+// fragmentation publishes the view's measure to the gauges.
+func (m *Metrics) fragmentation(st placement.FragStats) {
+	if m != nil {
+		m.frag.Store(&st)
+	}
 }
 
 func (m *Metrics) outcome(ctx context.Context, o string) {

@@ -66,6 +66,10 @@ type Scheduler struct {
 	// nextDeadline the earliest pending deadline (or preemption notice) then.
 	lastRetry    uint64
 	nextDeadline time.Time
+	// meter keeps the view's fragmentation measure node by node, against
+	// the window's workload of generation meterGen.
+	meter    placement.FragMeter
+	meterGen uint64
 }
 
 // job is one request in a scheduling round.
@@ -364,6 +368,9 @@ func (s *Scheduler) refresh(ctx context.Context) error {
 	}
 	s.version, s.refreshedAt = snap.Version, s.d.Now()
 	clear(s.stale)
+	s.meter.Reset(&s.cluster, s.window.Workload())
+	s.meterGen = s.window.Generation()
+	s.metrics.fragmentation(s.meter.Stats())
 	s.metrics.refreshed(ctx)
 	return nil
 }
@@ -393,9 +400,11 @@ func (s *Scheduler) refreshNode(ctx context.Context, id string) error {
 	if known {
 		s.cluster.Nodes[i] = n
 	} else {
-		s.index[id] = len(s.cluster.Nodes)
+		i = len(s.cluster.Nodes)
+		s.index[id] = i
 		s.cluster.Nodes = append(s.cluster.Nodes, n)
 	}
+	s.meter.Update(&s.cluster, i)
 	return nil
 }
 
@@ -483,6 +492,11 @@ func (s *Scheduler) round(ctx context.Context, batch []*job) {
 	}
 	w := s.window.Workload()
 	s.placer.SetWorkload(&w)
+	if g := s.window.Generation(); g != s.meterGen {
+		s.meter.Reset(&s.cluster, w)
+		s.meterGen = g
+	}
+	defer func() { s.metrics.fragmentation(s.meter.Stats()) }()
 
 	todo := batch
 	var placed, noFit []*job
@@ -494,7 +508,9 @@ func (s *Scheduler) round(ctx context.Context, batch []*job) {
 			switch {
 			case err == nil:
 				j.placed = p
-				s.cluster.Nodes[s.index[p.NodeID]].Apply(&j.r, p, start)
+				k := s.index[p.NodeID]
+				s.cluster.Nodes[k].Apply(&j.r, p, start)
+				s.meter.Update(&s.cluster, k)
 				commit = append(commit, j)
 			case errors.Is(err, placement.ErrNoFit):
 				j.noFit = true
@@ -817,6 +833,7 @@ func (s *Scheduler) queuePreemption(ctx context.Context, b *bus.Batch, j *job, p
 func (s *Scheduler) removeLocal(node, rental string) {
 	if k, ok := s.index[node]; ok {
 		s.cluster.Nodes[k].Remove(rental)
+		s.meter.Update(&s.cluster, k)
 	}
 }
 

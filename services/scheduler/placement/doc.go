@@ -14,7 +14,8 @@
 //     requests take the tightest NVLink domain that fits, other multi-GPU
 //     requests the GPUs with the fewest PCIe hops between them);
 //  3. ranking of the feasible nodes by the policy's score ([Policy]): fgd,
-//     bestfit, firstfit, random, dotprod or fixed;
+//     bestfit, firstfit, random, dotprod, fixed or shizu (FGD that puts a
+//     fraction on the tightest already-shared GPU first, shizu.go);
 //  4. selection of the highest score, ties broken by Node.TieRank and then
 //     by a hash of the request and node ids.
 //

@@ -264,6 +264,7 @@ type Window struct {
 	every, since int
 	coverage     int
 	current      Workload
+	gen          uint64
 }
 
 // NewWindow keeps the last size shapes and recomputes the workload every
@@ -289,8 +290,13 @@ func (w *Window) Add(s TaskShape) {
 	if w.since++; w.since >= w.every || len(w.current.Classes) == 0 {
 		w.since = 0
 		w.current = WorkloadFromCounts(w.counts, w.coverage)
+		w.gen++
 	}
 }
+
+// Generation counts the workload's recomputations: a new value means
+// Workload changed.
+func (w *Window) Generation() uint64 { return w.gen }
 
 // Workload is the current target workload (empty before the first Add).
 func (w *Window) Workload() Workload { return w.current }

@@ -78,10 +78,12 @@ const (
 	// PolicyFixed does not share GPUs: every request is rounded up to
 	// whole GPUs, then placed best-fit.
 	PolicyFixed Policy = "fixed"
+	// PolicyShizu is FGD that keeps whole GPUs whole (shizu.go).
+	PolicyShizu Policy = "shizu"
 )
 
 // Policies lists every policy.
-var Policies = []Policy{PolicyFGD, PolicyBestFit, PolicyFirstFit, PolicyRandom, PolicyDotProduct, PolicyFixed}
+var Policies = []Policy{PolicyFGD, PolicyBestFit, PolicyFirstFit, PolicyRandom, PolicyDotProduct, PolicyFixed, PolicyShizu}
 
 // ParsePolicy checks a policy name.
 func ParsePolicy(s string) (Policy, error) {
@@ -413,7 +415,8 @@ func (p *Placer) chooseOne(n *Node, s *shape, seed uint64) ([]Share, int64, bool
 		rng = rand.New(rand.NewPCG(seed, hashString(n.ID)))
 	}
 	var w *Workload
-	if p.opts.Policy == PolicyFGD && !s.whole {
+	fragAware := (p.opts.Policy == PolicyFGD || p.opts.Policy == PolicyShizu) && !s.whole
+	if fragAware {
 		w = p.workload(s)
 	}
 	var tried [16]int64
@@ -435,7 +438,7 @@ func (p *Placer) chooseOne(n *Node, s *shape, seed uint64) ([]Share, int64, bool
 			if rng.IntN(count) == 0 {
 				best, bestShare = i, sh
 			}
-		case p.opts.Policy == PolicyFGD && !s.whole:
+		case fragAware:
 			// GPUs with the same free milli leave the same state: score
 			// the first of each.
 			if slices.Contains(tried[:nTried], g.FreeMilli) {
@@ -451,6 +454,9 @@ func (p *Placer) chooseOne(n *Node, s *shape, seed uint64) ([]Share, int64, bool
 				prepared = true
 			}
 			sc := w.scoreAfter(n, &p.fgd, s.cpu, one[:])
+			if p.opts.Policy == PolicyShizu {
+				sc = shizuGPUScore(sc, g, s.milli)
+			}
 			if sc > bestFGD {
 				best, bestShare, bestFGD = i, sh, sc
 			}
@@ -560,7 +566,7 @@ func (p *Placer) workload(s *shape) *Workload {
 func (p *Placer) rank(c *Cluster, r *Request, s *shape, seed uint64) {
 	reqHash := hashString(r.ID)
 	switch p.opts.Policy {
-	case PolicyFGD:
+	case PolicyFGD, PolicyShizu:
 		w := p.workload(s)
 		for i := range p.cands {
 			cd := &p.cands[i]
