@@ -317,9 +317,17 @@ func (f *Failover) queueMoves(ctx context.Context, allocs []capacity.Allocation,
 			m.FromAttempt, m.NextAttempt = p.Attempt, p.Attempt+1
 			m.Class, m.Priority = int(classOf(p.Spec.GetPlan())), int(p.Spec.GetPriority())
 		}
-		if prev, ok, err := f.rec.migrationOf(ctx, a.RentalID); err != nil {
+		prev, moving, err := f.rec.migrationOf(ctx, a.RentalID)
+		if err != nil {
 			return err
-		} else if ok && prev.NextAttempt == m.NextAttempt {
+		}
+		if moving && prev.FromNode != o.node && prev.NextAttempt > m.FromAttempt {
+			// The rental was already moved off another node and placed
+			// here as prev.NextAttempt before this replica read that
+			// RentalScheduled: the allocation here is that newer attempt.
+			m.FromAttempt, m.NextAttempt = prev.NextAttempt, prev.NextAttempt+1
+		}
+		if moving && prev.NextAttempt == m.NextAttempt {
 			// Already moving (a spot notice's make-before-break, now
 			// fenced): keep when it was decided, and break now.
 			m.DecidedAt = prev.DecidedAt
@@ -390,7 +398,7 @@ func (f *Failover) move(ctx context.Context, m migration) error {
 		Reason: shizuv1.MigrationReason(m.Reason), LastHeartbeatAt: tsOrNil(m.LastBeat),
 		FromAttempt: m.FromAttempt, NextAttempt: m.NextAttempt,
 	}
-	if known && p.Attempt == m.FromAttempt {
+	if known { // the spec is the same for every attempt
 		ev.Spec = p.Spec
 		ev.CheckpointUri = p.Spec.GetCheckpointUri()
 	}
@@ -633,9 +641,11 @@ func (f *Failover) sweep(ctx context.Context) error {
 		}
 		var orphans []capacity.Allocation
 		for _, a := range n.Allocations {
-			if _, ok, err := f.rec.migrationOf(ctx, a.RentalID); err != nil {
+			// Orphaned: no move recorded, or the recorded one is off
+			// another node (the rental moved here, then this node died).
+			if m, ok, err := f.rec.migrationOf(ctx, a.RentalID); err != nil {
 				return err
-			} else if !ok {
+			} else if !ok || m.FromNode != n.ID {
 				orphans = append(orphans, a)
 			}
 		}
