@@ -682,6 +682,7 @@ func (f *Failover) sweep(ctx context.Context) error {
 		}
 		if !alive {
 			f.mu.Lock()
+			f.det.Known(n.ID, n.Epoch)
 			f.det.Expired(n.ID, now.Add(-ttl))
 			f.mu.Unlock()
 		}

@@ -191,6 +191,16 @@ func (d *Detector) Beat(id string, epoch uint64, at time.Time) {
 	}
 }
 
+// Known records a node's epoch read from the capacity store, for a node
+// this replica has seen no beat or registration of (so a loss found by
+// the sweep can be fenced at the right epoch). It says nothing about
+// liveness.
+func (d *Detector) Known(id string, epoch uint64) {
+	if n := d.node(id); n.epoch == 0 {
+		n.epoch = epoch
+	}
+}
+
 // Expired records that node's heartbeat key expired (or was removed) at at.
 func (d *Detector) Expired(id string, at time.Time) {
 	n := d.node(id)
@@ -277,7 +287,15 @@ func (d *Detector) Registered(id string, epoch uint64, at time.Time) (Quarantine
 // void, and a node lost too often lately is quarantined from at.
 func (d *Detector) newLife(n *node, epoch uint64, at time.Time) {
 	n.epoch = epoch
-	n.expiredAt, n.disconnectedAt, n.failedAt, n.deadline = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	// Signals from before this life belong to the old one; a signal seen
+	// first but stamped after at (a disconnect advisory that overtook the
+	// beat announcing the epoch) belongs to this one.
+	for _, sig := range []*time.Time{&n.expiredAt, &n.disconnectedAt, &n.failedAt} {
+		if sig.Before(at) {
+			*sig = time.Time{}
+		}
+	}
+	n.deadline = time.Time{}
 	n.drained = false
 	losses := n.recentLosses(at, d.cfg.FlapWindow)
 	if losses < d.cfg.FlapThreshold {
@@ -353,6 +371,9 @@ func (d *Detector) Tick(now time.Time) Decisions {
 }
 
 func (d *Detector) confirm(id string, n *node, now time.Time) (Loss, bool) {
+	if n.epoch == 0 {
+		return Loss{}, false // no beat or registration seen yet: nothing to fence
+	}
 	l := Loss{Node: id, Epoch: n.epoch, LastBeat: n.lastBeat, ConfirmedAt: now}
 	switch {
 	case !n.failedAt.IsZero():

@@ -350,3 +350,25 @@ func TestAFlappingNodeSeenFirstInABeatIsQuarantinedAtItsRegistration(t *testing.
 		t.Fatal("the same quarantine was announced twice")
 	}
 }
+
+func TestADisconnectSeenBeforeTheBeatAnnouncingTheEpochStillCounts(t *testing.T) {
+	t.Parallel()
+	d, err := New(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 6, 18, 12, 0, 0, 0, time.UTC)
+	// The advisory overtakes the heartbeat watch: the node's epoch is not
+	// known yet, so nothing can be fenced.
+	d.Disconnected("n1", t0.Add(100*time.Millisecond))
+	if got := d.Tick(t0.Add(10 * time.Second)); len(got.Lost) != 0 {
+		t.Fatalf("lost %v before the node's epoch was known", got.Lost)
+	}
+	// The beat (stamped before the disconnect) arrives: the disconnect is
+	// of this life and the node is lost with its epoch.
+	d.Beat("n1", 1, t0)
+	got := d.Tick(t0.Add(10 * time.Second))
+	if len(got.Lost) != 1 || got.Lost[0].Epoch != 1 || got.Lost[0].Reason != ReasonDisconnected {
+		t.Fatalf("lost %+v, want n1 at epoch 1 by disconnect", got.Lost)
+	}
+}
