@@ -265,10 +265,18 @@ func (s *scaler) apply(ctx context.Context, pool policy.Pool, rec *poolRecord, d
 	return nil
 }
 
+// BusyUtilizationPercent is the GPU utilization from which a node counts
+// as working. Idle GPUs report a few percent (monitoring, the driver's own
+// work), so anything below it does not keep a node from being released.
+const BusyUtilizationPercent = 5
+
+// gpuBusy reports whether a GPU's utilization says it is working.
+func gpuBusy(utilizationPercent float64) bool { return utilizationPercent >= BusyUtilizationPercent }
+
 // onTelemetry remembers which nodes' GPUs are working.
 func (s *scaler) onTelemetry(_ context.Context, ev *shizuv1.NodeTelemetry, _ bus.Delivery) error {
 	for _, g := range ev.GetGpus() {
-		if g.GetUtilizationPercent() > 0 {
+		if gpuBusy(float64(g.GetUtilizationPercent())) {
 			at := ev.GetMeta().GetOccurredAt().AsTime()
 			s.mu.Lock()
 			if at.After(s.busyAt[ev.GetNodeId()]) {
