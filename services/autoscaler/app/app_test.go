@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,13 +149,14 @@ func startWith(t testing.TB, file policy.File, mutate func(*app.Config, *app.Dep
 	return e
 }
 
-var sampleSeq int
+// sampleSeq numbers samples across the package's parallel tests.
+var sampleSeq atomic.Int64
 
 func (e *env) sample(t testing.TB, pool string, concurrent int64) {
 	t.Helper()
-	sampleSeq++
+	seq := sampleSeq.Add(1)
 	ev := &shizuv1.TrafficSampled{
-		Meta:   &shizuv1.EventMeta{EventId: fmt.Sprintf("sample-%s-%d-%d", pool, sampleSeq, time.Now().UnixNano()), OccurredAt: timestamppb.Now(), Source: "gateway"},
+		Meta:   &shizuv1.EventMeta{EventId: fmt.Sprintf("sample-%s-%d-%d", pool, seq, time.Now().UnixNano()), OccurredAt: timestamppb.Now(), Source: "gateway"},
 		PoolId: pool, ConcurrentRequests: concurrent, RequestsPerSecond: float64(concurrent) * 10,
 		P99Latency: durationpb.New(40 * time.Millisecond), Window: durationpb.New(15 * time.Second),
 	}
