@@ -18,9 +18,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
@@ -176,12 +179,7 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 			prov = local
 			parts = append(parts, stopFunc(local.Close))
 		}
-		s := &scaler{pub: rt.Bus, states: stateStore{rdb: rt.Redis, prefix: cfg.KeyPrefix}, caps: caps, prov: prov,
-			file: file, pools: map[string]policy.Pool{}, now: deps.Now, log: rt.Log, m: m,
-			idle: map[string]time.Time{}, busyAt: map[string]time.Time{}, covered: map[string]time.Time{}}
-		for _, p := range file.Pools {
-			s.pools[p.ID] = p
-		}
+		s := newScaler(rt.Bus, rt.Redis, cfg.KeyPrefix, caps, prov, file, deps.Now, rt.Log, m)
 		routers := map[string]*bus.Router{}
 		traffic := bus.NewRouter()
 		bus.On(traffic, s.onSample)
@@ -219,6 +217,19 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 		}))
 		return parts, nil
 	})
+}
+
+// newScaler builds the scaler of one replica; everything it shares with
+// other replicas lives in Redis under prefix.
+func newScaler(pub publisher, rdb *redis.Client, prefix string, caps *capacity.Store, prov provider.Provider, file policy.File,
+	now func() time.Time, log *slog.Logger, m metrics) *scaler {
+	s := &scaler{pub: pub, states: stateStore{rdb: rdb, prefix: prefix}, fleet: fleetStore{rdb: rdb, prefix: prefix},
+		caps: caps, prov: prov, file: file, pools: map[string]policy.Pool{}, now: now, log: log, m: m,
+		idle: map[string]time.Time{}, busyAt: map[string]time.Time{}}
+	for _, p := range file.Pools {
+		s.pools[p.ID] = p
+	}
+	return s
 }
 
 func newLocalProvider(cfg Config, file policy.File) (*provider.Local, error) {

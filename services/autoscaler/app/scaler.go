@@ -41,6 +41,7 @@ type publisher interface {
 type scaler struct {
 	pub    publisher
 	states stateStore
+	fleet  fleetStore
 	caps   *capacity.Store
 	prov   provider.Provider
 	file   policy.File
@@ -54,9 +55,6 @@ type scaler struct {
 	idle map[string]time.Time
 	// busyAt: last telemetry with GPU utilization above zero, per node.
 	busyAt map[string]time.Time
-	// covered: waiting rentals nodes are already being provisioned for,
-	// until when.
-	covered map[string]time.Time
 }
 
 type metrics struct {
@@ -312,23 +310,45 @@ func (s *scaler) onShortage(ctx context.Context, ev *shizuv1.CapacityShortage, _
 }
 
 // provisionFor provisions nodes for the waiting rentals of sh, for pool
-// (the fleet or an autoscaled pool), and announces it.
+// (the fleet or an autoscaled pool), and announces it. The rentals are
+// claimed in Redis first, all or nothing, so replicas reporting the same
+// rentals provision once; the nodes are recorded there once started.
 func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, why string) error {
 	now := s.now()
-	nodes, err := s.prov.List(ctx)
-	if err != nil {
-		return fault.Unavailable("provider list: %v", err)
+	var plan fleet.Provision
+	claimed := false
+	for range 3 {
+		covered, err := s.fleet.covered(ctx, sh.Rentals)
+		if err != nil {
+			return err
+		}
+		size, err := s.fleetSize(ctx)
+		if err != nil {
+			return err
+		}
+		plan, err = fleet.PlanProvision(s.file.Fleet, sh, size, func(r string) bool { return covered[r] }, s.file.Fleet.DefaultMarket)
+		if errors.Is(err, fleet.ErrNoInstanceType) || errors.Is(err, fleet.ErrFleetFull) {
+			s.log.WarnContext(ctx, "capacity shortage cannot be provisioned", "err", err, "rentals", len(sh.Rentals))
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if plan.Count == 0 {
+			return nil
+		}
+		taken, err := s.fleet.claim(ctx, plan.Rentals, sh.EventID, 2*s.file.Fleet.RegisterTimeout.D())
+		if err != nil {
+			return err
+		}
+		if len(taken) == 0 {
+			claimed = true
+			break
+		}
+		// Another replica claimed some of them in between: plan again.
 	}
-	plan, err := fleet.PlanProvision(s.file.Fleet, sh, len(nodes), s.isCovered(now), s.file.Fleet.DefaultMarket)
-	if errors.Is(err, fleet.ErrNoInstanceType) || errors.Is(err, fleet.ErrFleetFull) {
-		s.log.WarnContext(ctx, "capacity shortage cannot be provisioned", "err", err, "rentals", len(sh.Rentals))
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if plan.Count == 0 {
-		return nil
+	if !claimed {
+		return fault.Unavailable("shortage %s: its rentals' claims kept changing", sh.EventID)
 	}
 	if why != "" {
 		plan.Reason = why + "; " + plan.Reason
@@ -344,14 +364,20 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 		s.markSpotShort(ctx, now)
 	}
 	if err != nil {
+		if uerr := s.fleet.unclaim(context.WithoutCancel(ctx), plan.Rentals, sh.EventID); uerr != nil {
+			s.log.WarnContext(ctx, "could not give back provisioning claims", "err", uerr)
+		}
 		return fault.Unavailable("provision %d %s on %s: %v", plan.Count, plan.InstanceType.Name, plan.Market, err)
 	}
-	s.mu.Lock()
-	until := now.Add(2 * s.file.Fleet.RegisterTimeout.D())
-	for _, r := range plan.Rentals {
-		s.covered[r] = until
+	recs := make([]provisionedNode, len(ids))
+	for i, id := range ids {
+		recs[i] = provisionedNode{ID: id, InstanceType: plan.InstanceType.Name, Market: provider.Market(plan.Market),
+			Zone: plan.Zone, Pool: poolID, CreatedAt: now}
 	}
-	s.mu.Unlock()
+	if err := s.fleet.addNodes(context.WithoutCancel(ctx), recs); err != nil {
+		// The provider still lists them; the next tick finds them there.
+		s.log.WarnContext(ctx, "could not record provisioned nodes", "nodes", ids, "err", err)
+	}
 	s.m.provision.Add(ctx, int64(len(ids)), metric.WithAttributes(attribute.String("shizu.market", string(plan.Market))))
 	s.log.InfoContext(ctx, "nodes provisioned", "instance_type", plan.InstanceType.Name, "market", string(plan.Market),
 		"zone", plan.Zone, "count", len(ids), "reason", plan.Reason)
@@ -371,18 +397,29 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 	return err
 }
 
-func (s *scaler) isCovered(now time.Time) func(string) bool {
-	s.mu.Lock()
-	snap := make(map[string]bool, len(s.covered))
-	for r, until := range s.covered {
-		if now.Before(until) {
-			snap[r] = true
-		} else {
-			delete(s.covered, r)
+// fleetNodes are the nodes the autoscaler provisioned: those recorded in
+// Redis (by any replica, before any restart) and those the provider lists.
+func (s *scaler) fleetNodes(ctx context.Context) ([]provisionedNode, error) {
+	recorded, err := s.fleet.nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	listed, err := s.prov.List(ctx)
+	if err != nil {
+		return nil, fault.Unavailable("provider list: %v", err)
+	}
+	out := recorded
+	for _, n := range listed {
+		if !slices.ContainsFunc(recorded, func(r provisionedNode) bool { return r.ID == n.ID }) {
+			out = append(out, provisionedNode{ID: n.ID, InstanceType: n.InstanceType, Market: n.Market, Zone: n.Zone, CreatedAt: n.CreatedAt})
 		}
 	}
-	s.mu.Unlock()
-	return func(r string) bool { return snap[r] }
+	return out, nil
+}
+
+func (s *scaler) fleetSize(ctx context.Context) (int, error) {
+	nodes, err := s.fleetNodes(ctx)
+	return len(nodes), err
 }
 
 // markSpotShort sends every pool with a market mix to on-demand for its
@@ -408,9 +445,9 @@ func (s *scaler) tickFleet(ctx context.Context, now time.Time) error {
 	if s.prov == nil {
 		return nil
 	}
-	nodes, err := s.prov.List(ctx)
+	nodes, err := s.fleetNodes(ctx)
 	if err != nil {
-		return fault.Unavailable("provider list: %v", err)
+		return err
 	}
 	views := make([]fleet.NodeView, 0, len(nodes))
 	s.mu.Lock()
@@ -506,6 +543,9 @@ func (s *scaler) release(ctx context.Context, a fleet.Action, now time.Time) err
 			PoolId: subject.FleetPool, NodeId: a.Node, Reason: a.Reason}); err != nil {
 			return err
 		}
+	}
+	if err := s.fleet.removeNode(ctx, a.Node); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	delete(s.idle, a.Node)
