@@ -187,6 +187,9 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 		shortage := bus.NewRouter()
 		bus.On(shortage, s.onShortage)
 		routers["autoscaler-shortage"] = shortage
+		pools := bus.NewRouter()
+		bus.On(pools, s.onPoolDeclared)
+		routers["autoscaler-pools"] = pools
 		telemetry := bus.NewRouter()
 		bus.On(telemetry, s.onTelemetry)
 		routers["autoscaler-telemetry"] = telemetry
@@ -224,7 +227,8 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 func newScaler(pub publisher, rdb *redis.Client, prefix string, caps *capacity.Store, prov provider.Provider, file policy.File,
 	now func() time.Time, log *slog.Logger, m metrics) *scaler {
 	s := &scaler{pub: pub, states: stateStore{rdb: rdb, prefix: prefix}, fleet: fleetStore{rdb: rdb, prefix: prefix},
-		caps: caps, prov: prov, file: file, pools: map[string]policy.Pool{}, now: now, log: log, m: m,
+		declared: poolStore{rdb: rdb, prefix: prefix},
+		caps:     caps, prov: prov, file: file, pools: map[string]policy.Pool{}, now: now, log: log, m: m,
 		idle: map[string]time.Time{}, busyAt: map[string]time.Time{}}
 	for _, p := range file.Pools {
 		s.pools[p.ID] = p

@@ -42,13 +42,15 @@ type scaler struct {
 	pub    publisher
 	states stateStore
 	fleet  fleetStore
-	caps   *capacity.Store
-	prov   provider.Provider
-	file   policy.File
-	pools  map[string]policy.Pool
-	now    func() time.Time
-	log    *slog.Logger
-	m      metrics
+	// declared: pools declared through the bus.
+	declared poolStore
+	caps     *capacity.Store
+	prov     provider.Provider
+	file     policy.File
+	pools    map[string]policy.Pool
+	now      func() time.Time
+	log      *slog.Logger
+	m        metrics
 
 	mu sync.Mutex
 	// idle: when each provider node was first seen holding nothing.
@@ -101,7 +103,10 @@ func sampleOf(ev *shizuv1.TrafficSampled) policy.Sample {
 
 // onSample records a pool's sample and decides at the sample's time.
 func (s *scaler) onSample(ctx context.Context, ev *shizuv1.TrafficSampled, _ bus.Delivery) error {
-	pool, ok := s.pools[ev.GetPoolId()]
+	pool, ok, err := s.pool(ctx, ev.GetPoolId())
+	if err != nil {
+		return err
+	}
 	if !ok {
 		s.log.DebugContext(ctx, "traffic sample for a pool without policy", "pool", ev.GetPoolId())
 		return nil
@@ -110,7 +115,7 @@ func (s *scaler) onSample(ctx context.Context, ev *shizuv1.TrafficSampled, _ bus
 	cause := ev.GetMeta().GetEventId()
 	decisionID := "scale:" + pool.ID + ":" + cause
 	var added []string
-	err := s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
+	err = s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
 		added = nil
 		st, fresh := policy.Observe(rec.State, sample)
 		if !fresh {
@@ -171,7 +176,11 @@ func (s *scaler) provisionAhead(ctx context.Context, pool policy.Pool, added []s
 // tickPools re-evaluates every pool at now: pre-warm windows opening and
 // closing, scale-to-zero after idleness.
 func (s *scaler) tickPools(ctx context.Context, now time.Time) {
-	for _, pool := range s.file.Pools {
+	pools, err := s.allPools(ctx)
+	if err != nil {
+		s.log.WarnContext(ctx, "could not read the pools declared through the bus", "err", err)
+	}
+	for _, pool := range pools {
 		id := "scale:" + pool.ID + ":tick:" + strconv.FormatInt(now.UnixMilli(), 10)
 		var added []string
 		err := s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
@@ -425,7 +434,11 @@ func (s *scaler) fleetSize(ctx context.Context) (int, error) {
 // markSpotShort sends every pool with a market mix to on-demand for its
 // fallback hold.
 func (s *scaler) markSpotShort(ctx context.Context, now time.Time) {
-	for _, pool := range s.file.Pools {
+	pools, err := s.allPools(ctx)
+	if err != nil {
+		s.log.WarnContext(ctx, "could not read the pools declared through the bus", "err", err)
+	}
+	for _, pool := range pools {
 		if pool.MarketMix == nil {
 			continue
 		}
@@ -558,17 +571,24 @@ func (s *scaler) release(ctx context.Context, a fleet.Action, now time.Time) err
 
 // poolOfRental finds the pool a rental id ("pool-<pool>-<seq>") of tenant
 // belongs to.
-func (s *scaler) poolOfRental(rental, tenant string) (policy.Pool, bool) {
-	for id, p := range s.pools {
-		rest, ok := strings.CutPrefix(rental, "pool-"+id+"-")
+func (s *scaler) poolOfRental(ctx context.Context, rental, tenant string) (policy.Pool, bool, error) {
+	if !strings.HasPrefix(rental, "pool-") {
+		return policy.Pool{}, false, nil
+	}
+	pools, err := s.allPools(ctx)
+	if err != nil {
+		return policy.Pool{}, false, err
+	}
+	for _, p := range pools {
+		rest, ok := strings.CutPrefix(rental, "pool-"+p.ID+"-")
 		if !ok || p.Tenant != tenant || rest == "" {
 			continue
 		}
 		if _, err := strconv.Atoi(rest); err == nil {
-			return p, true
+			return p, true, nil
 		}
 	}
-	return policy.Pool{}, false
+	return policy.Pool{}, false, nil
 }
 
 // onRentalRejected forgets a pool replica the scheduler will never run
@@ -593,9 +613,9 @@ func (s *scaler) onRentalStopped(ctx context.Context, ev *shizuv1.RentalStopped,
 // forget removes a lost replica from its pool, so the next evaluation
 // (a sample, or the tick for floors) replaces it if it is still needed.
 func (s *scaler) forget(ctx context.Context, rental, tenant, why string) error {
-	pool, ok := s.poolOfRental(rental, tenant)
-	if !ok {
-		return nil
+	pool, ok, err := s.poolOfRental(ctx, rental, tenant)
+	if err != nil || !ok {
+		return err
 	}
 	return s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
 		i := slices.IndexFunc(rec.Rentals, func(r poolRental) bool { return r.ID == rental })
