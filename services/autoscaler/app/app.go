@@ -4,13 +4,16 @@
 // provider interface.
 //
 // Consumes: traffic.<pool>.sample (pool decisions), scale.fleet.shortage
-// (provisioning), node.<node>.telemetry (which nodes work),
+// (provisioning), scale.<pool>.declared (pools declared through the bus),
+// node.<node>.telemetry (which nodes work),
 // rental.<tenant>.rejected and .stopped (pool replicas lost). Publishes:
 // scale.<pool>.decided with the rule and metric, rental.<tenant>.requested
 // and .cancel_requested for pool replicas, scale.fleet.provision_requested
 // and .release_requested, and agent.<node>.cmd.drain before a release.
-// Stores: per-pool state in Redis (<prefix>:autoscaler:pool:{<pool>}); reads
-// the capacity store to see which nodes hold rentals.
+// Stores in Redis: per-pool state (<prefix>:autoscaler:pool:{<pool>}), the
+// pools declared through the bus (<prefix>:autoscaler:pools), the fleet's
+// provisioning claims and provisioned nodes (<prefix>:autoscaler:{fleet}:*);
+// reads the capacity store to see which nodes hold rentals.
 package app
 
 import (
