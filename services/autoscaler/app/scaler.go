@@ -274,8 +274,9 @@ func (s *scaler) apply(ctx context.Context, pool policy.Pool, rec *poolRecord, d
 
 // BusyUtilizationPercent is the GPU utilization from which a node counts
 // as working. Idle GPUs report a few percent (monitoring, the driver's own
-// work), so anything below it does not keep a node from being released.
-const BusyUtilizationPercent = 5
+// work; the simulated hosts' idle walk reaches 6 %), so anything below it
+// does not keep a node from being released.
+const BusyUtilizationPercent = 10
 
 // gpuBusy reports whether a GPU's utilization says it is working.
 func gpuBusy(utilizationPercent float64) bool { return utilizationPercent >= BusyUtilizationPercent }
