@@ -93,24 +93,27 @@ func (s poolStore) get(ctx context.Context, id string) (policy.Pool, bool, error
 	return decodeDeclared(id, raw)
 }
 
-// all returns the declared pools that are not withdrawn, sorted by id.
+// all returns the declared pools that are not withdrawn, sorted by id; a
+// stored pool that cannot be read is left out and reported in the error.
 func (s poolStore) all(ctx context.Context) ([]policy.Pool, error) {
 	raw, err := s.rdb.HGetAll(ctx, s.key()).Result()
 	if err != nil {
 		return nil, fault.Unavailable("read declared pools: %v", err)
 	}
 	var out []policy.Pool
+	var errs []error
 	for id, data := range raw {
 		p, ok, err := decodeDeclared(id, []byte(data))
 		if err != nil {
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
 		if ok {
 			out = append(out, p)
 		}
 	}
 	slices.SortFunc(out, func(a, b policy.Pool) int { return strings.Compare(a.ID, b.ID) })
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 func decodeDeclared(id string, raw []byte) (policy.Pool, bool, error) {
@@ -138,19 +141,17 @@ func (s *scaler) pool(ctx context.Context, id string) (policy.Pool, bool, error)
 	return s.declared.get(ctx, id)
 }
 
-// allPools are the policy file's pools and those declared through the bus.
+// allPools are the policy file's pools and those declared through the bus;
+// with an error, those that could be read.
 func (s *scaler) allPools(ctx context.Context) ([]policy.Pool, error) {
 	declared, err := s.declared.all(ctx)
-	if err != nil {
-		return slices.Clone(s.file.Pools), err
-	}
 	out := slices.Clone(s.file.Pools)
 	for _, p := range declared {
 		if _, inFile := s.pools[p.ID]; !inFile {
 			out = append(out, p)
 		}
 	}
-	return out, nil
+	return out, err
 }
 
 // onPoolDeclared stores a pool declared (or replaced, or withdrawn)

@@ -577,8 +577,8 @@ func (s *scaler) poolOfRental(ctx context.Context, rental, tenant string) (polic
 		return policy.Pool{}, false, nil
 	}
 	pools, err := s.allPools(ctx)
-	if err != nil {
-		return policy.Pool{}, false, err
+	if fault.IsUnavailable(err) {
+		return policy.Pool{}, false, err // Redis: try again
 	}
 	for _, p := range pools {
 		rest, ok := strings.CutPrefix(rental, "pool-"+p.ID+"-")
