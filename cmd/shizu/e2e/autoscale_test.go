@@ -164,8 +164,8 @@ func (s *stack) sampleTraffic(seq int, concurrent int64) {
 	}
 }
 
-// nodeOf is the node a started rental runs on.
-func (s *stack) nodeOf(rental string) string {
+// startedOn is the node a started rental runs on.
+func (s *stack) startedOn(rental string) string {
 	if ev := s.rec.startedAt(rental, 1); ev != nil {
 		return ev.GetNodeId()
 	}
@@ -203,7 +203,7 @@ func TestAutoscalerGrowsTheFleetForAPoolAndShrinksItWithDrain(t *testing.T) {
 		}
 		return nil
 	})
-	nodeA := s.nodeOf(first)
+	nodeA := s.startedOn(first)
 	nodes, err := local.List(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -241,7 +241,7 @@ func TestAutoscalerGrowsTheFleetForAPoolAndShrinksItWithDrain(t *testing.T) {
 	})
 	byNode := map[string]string{}
 	for _, id := range append([]string{first}, added...) {
-		byNode[s.nodeOf(id)] = id
+		byNode[s.startedOn(id)] = id
 	}
 	t.Logf("replicas by node: %v", byNode)
 	if len(byNode) != 3 {
