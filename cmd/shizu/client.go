@@ -230,9 +230,14 @@ type verb struct {
 	usage    string // argument synopsis
 	examples string
 	setup    func(fs *flag.FlagSet) func(ctx context.Context, args []string, stdout io.Writer) error
+	// subs are sub-commands (`shizu pools apply`), see verb.with.
+	subs []verb
 }
 
 func (v verb) main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if sub, ok := v.sub(args); ok {
+		return sub.main(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("shizu "+v.name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	run := v.setup(fs)

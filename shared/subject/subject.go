@@ -76,6 +76,8 @@ const (
 	ScaleReleaseRequestedAll   = "scale.*.release_requested"
 	ScaleReleaseRequested      = "scale.%s.release_requested"
 	CapacityShortage           = "scale." + FleetPool + ".shortage"
+	ScalePoolDeclaredAll       = "scale.*.declared"
+	ScalePoolDeclared          = "scale.%s.declared"
 	FleetPool                  = "fleet"
 )
 

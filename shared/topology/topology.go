@@ -155,6 +155,9 @@ func Services() []Service {
 			Consumers: []bus.Consumer{
 				{Stream: StreamTraffic, Durable: "autoscaler-traffic", FilterSubjects: []string{subject.TrafficSampleAll}},
 				{Stream: StreamScaling, Durable: "autoscaler-shortage", FilterSubjects: []string{subject.CapacityShortage}},
+				// Pools declared through the bus. Only the admin user (the
+				// CLI, acting for tenants and operators) may publish them.
+				{Stream: StreamScaling, Durable: "autoscaler-pools", FilterSubjects: []string{subject.ScalePoolDeclaredAll}},
 				{Stream: StreamTelemetry, Durable: "autoscaler-telemetry", FilterSubjects: []string{subject.NodeTelemetryAll}, NewOnly: true},
 				// A pool forgets replicas that were rejected or whose workload ended.
 				{Stream: StreamRentals, Durable: "autoscaler-rentals", FilterSubjects: []string{subject.RentalRejectedAll, subject.RentalStoppedAll}},

@@ -478,6 +478,96 @@ func (x *NodeReleaseRequested) GetReason() string {
 	return ""
 }
 
+// PoolDeclared: an autoscaled pool's policy declared or replaced, or the
+// pool withdrawn, through the bus (`shizu pools apply`). Published on
+// scale.<pool_id>.declared. The autoscaler validates the policy with the
+// rules of its policy file and keeps it in Redis; a pool of the policy
+// file cannot be declared here (the file wins), and a pool keeps the
+// tenant it was first declared for.
+type PoolDeclared struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Envelope.
+	Meta *EventMeta `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	// The pool; equals the policy's "id".
+	PoolId string `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	// The tenant that owns the pool and pays for its rentals; equals the
+	// policy's "tenant".
+	TenantId string `protobuf:"bytes,3,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The pool's policy as JSON, one pool in the policy file's format
+	// (docs/autoscaler.md). Empty when withdrawn.
+	PolicyJson []byte `protobuf:"bytes,4,opt,name=policy_json,json=policyJson,proto3" json:"policy_json,omitempty"`
+	// The pool is withdrawn: the autoscaler cancels its replicas and forgets
+	// its policy.
+	Withdrawn     bool `protobuf:"varint,5,opt,name=withdrawn,proto3" json:"withdrawn,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolDeclared) Reset() {
+	*x = PoolDeclared{}
+	mi := &file_shizu_v1_scaling_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolDeclared) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolDeclared) ProtoMessage() {}
+
+func (x *PoolDeclared) ProtoReflect() protoreflect.Message {
+	mi := &file_shizu_v1_scaling_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolDeclared.ProtoReflect.Descriptor instead.
+func (*PoolDeclared) Descriptor() ([]byte, []int) {
+	return file_shizu_v1_scaling_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PoolDeclared) GetMeta() *EventMeta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *PoolDeclared) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *PoolDeclared) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *PoolDeclared) GetPolicyJson() []byte {
+	if x != nil {
+		return x.PolicyJson
+	}
+	return nil
+}
+
+func (x *PoolDeclared) GetWithdrawn() bool {
+	if x != nil {
+		return x.Withdrawn
+	}
+	return false
+}
+
 var File_shizu_v1_scaling_proto protoreflect.FileDescriptor
 
 const file_shizu_v1_scaling_proto_rawDesc = "" +
@@ -519,7 +609,14 @@ const file_shizu_v1_scaling_proto_rawDesc = "" +
 	"\x04meta\x18\x01 \x01(\v2\x13.shizu.v1.EventMetaR\x04meta\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x17\n" +
 	"\anode_id\x18\x03 \x01(\tR\x06nodeId\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reasonB3Z1github.com/shizu-gpu/shizu/proto/shizu/v1;shizuv1b\x06proto3"
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xac\x01\n" +
+	"\fPoolDeclared\x12'\n" +
+	"\x04meta\x18\x01 \x01(\v2\x13.shizu.v1.EventMetaR\x04meta\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1b\n" +
+	"\ttenant_id\x18\x03 \x01(\tR\btenantId\x12\x1f\n" +
+	"\vpolicy_json\x18\x04 \x01(\fR\n" +
+	"policyJson\x12\x1c\n" +
+	"\twithdrawn\x18\x05 \x01(\bR\twithdrawnB3Z1github.com/shizu-gpu/shizu/proto/shizu/v1;shizuv1b\x06proto3"
 
 var (
 	file_shizu_v1_scaling_proto_rawDescOnce sync.Once
@@ -533,33 +630,35 @@ func file_shizu_v1_scaling_proto_rawDescGZIP() []byte {
 	return file_shizu_v1_scaling_proto_rawDescData
 }
 
-var file_shizu_v1_scaling_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_shizu_v1_scaling_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_shizu_v1_scaling_proto_goTypes = []any{
 	(*TrafficSampled)(nil),         // 0: shizu.v1.TrafficSampled
 	(*ScalingDecided)(nil),         // 1: shizu.v1.ScalingDecided
 	(*CapacityShortage)(nil),       // 2: shizu.v1.CapacityShortage
 	(*NodeProvisionRequested)(nil), // 3: shizu.v1.NodeProvisionRequested
 	(*NodeReleaseRequested)(nil),   // 4: shizu.v1.NodeReleaseRequested
-	(*EventMeta)(nil),              // 5: shizu.v1.EventMeta
-	(*durationpb.Duration)(nil),    // 6: google.protobuf.Duration
-	(*ResourceVector)(nil),         // 7: shizu.v1.ResourceVector
-	(Market)(0),                    // 8: shizu.v1.Market
+	(*PoolDeclared)(nil),           // 5: shizu.v1.PoolDeclared
+	(*EventMeta)(nil),              // 6: shizu.v1.EventMeta
+	(*durationpb.Duration)(nil),    // 7: google.protobuf.Duration
+	(*ResourceVector)(nil),         // 8: shizu.v1.ResourceVector
+	(Market)(0),                    // 9: shizu.v1.Market
 }
 var file_shizu_v1_scaling_proto_depIdxs = []int32{
-	5, // 0: shizu.v1.TrafficSampled.meta:type_name -> shizu.v1.EventMeta
-	6, // 1: shizu.v1.TrafficSampled.p99_latency:type_name -> google.protobuf.Duration
-	6, // 2: shizu.v1.TrafficSampled.window:type_name -> google.protobuf.Duration
-	5, // 3: shizu.v1.ScalingDecided.meta:type_name -> shizu.v1.EventMeta
-	5, // 4: shizu.v1.CapacityShortage.meta:type_name -> shizu.v1.EventMeta
-	7, // 5: shizu.v1.CapacityShortage.missing:type_name -> shizu.v1.ResourceVector
-	5, // 6: shizu.v1.NodeProvisionRequested.meta:type_name -> shizu.v1.EventMeta
-	8, // 7: shizu.v1.NodeProvisionRequested.market:type_name -> shizu.v1.Market
-	5, // 8: shizu.v1.NodeReleaseRequested.meta:type_name -> shizu.v1.EventMeta
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	6,  // 0: shizu.v1.TrafficSampled.meta:type_name -> shizu.v1.EventMeta
+	7,  // 1: shizu.v1.TrafficSampled.p99_latency:type_name -> google.protobuf.Duration
+	7,  // 2: shizu.v1.TrafficSampled.window:type_name -> google.protobuf.Duration
+	6,  // 3: shizu.v1.ScalingDecided.meta:type_name -> shizu.v1.EventMeta
+	6,  // 4: shizu.v1.CapacityShortage.meta:type_name -> shizu.v1.EventMeta
+	8,  // 5: shizu.v1.CapacityShortage.missing:type_name -> shizu.v1.ResourceVector
+	6,  // 6: shizu.v1.NodeProvisionRequested.meta:type_name -> shizu.v1.EventMeta
+	9,  // 7: shizu.v1.NodeProvisionRequested.market:type_name -> shizu.v1.Market
+	6,  // 8: shizu.v1.NodeReleaseRequested.meta:type_name -> shizu.v1.EventMeta
+	6,  // 9: shizu.v1.PoolDeclared.meta:type_name -> shizu.v1.EventMeta
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_shizu_v1_scaling_proto_init() }
@@ -574,7 +673,7 @@ func file_shizu_v1_scaling_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shizu_v1_scaling_proto_rawDesc), len(file_shizu_v1_scaling_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -27,7 +27,7 @@ func validEvents() []validator {
 		validNodeRegistered(), validNodeTelemetry(), validNodeHealthChanged(),
 		validNodeInterruptionNoticed(), validNodeLost(), validNodeDrained(),
 		validTrafficSampled(), validScalingDecided(), validCapacityShortage(),
-		validNodeProvisionRequested(), validNodeReleaseRequested(),
+		validNodeProvisionRequested(), validNodeReleaseRequested(), validPoolDeclared(),
 		validUsageRecorded(), validInvoiceClosed(),
 		validSpotPriceChanged(),
 		validStartRental(), validStopRental(), validDrainNode(),

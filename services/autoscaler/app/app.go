@@ -4,13 +4,16 @@
 // provider interface.
 //
 // Consumes: traffic.<pool>.sample (pool decisions), scale.fleet.shortage
-// (provisioning), node.<node>.telemetry (which nodes work),
+// (provisioning), scale.<pool>.declared (pools declared through the bus),
+// node.<node>.telemetry (which nodes work),
 // rental.<tenant>.rejected and .stopped (pool replicas lost). Publishes:
 // scale.<pool>.decided with the rule and metric, rental.<tenant>.requested
 // and .cancel_requested for pool replicas, scale.fleet.provision_requested
 // and .release_requested, and agent.<node>.cmd.drain before a release.
-// Stores: per-pool state in Redis (<prefix>:autoscaler:pool:{<pool>}); reads
-// the capacity store to see which nodes hold rentals.
+// Stores in Redis: per-pool state (<prefix>:autoscaler:pool:{<pool>}), the
+// pools declared through the bus (<prefix>:autoscaler:pools), the fleet's
+// provisioning claims and provisioned nodes (<prefix>:autoscaler:{fleet}:*);
+// reads the capacity store to see which nodes hold rentals.
 package app
 
 import (
@@ -18,9 +21,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
@@ -176,12 +182,7 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 			prov = local
 			parts = append(parts, stopFunc(local.Close))
 		}
-		s := &scaler{pub: rt.Bus, states: stateStore{rdb: rt.Redis, prefix: cfg.KeyPrefix}, caps: caps, prov: prov,
-			file: file, pools: map[string]policy.Pool{}, now: deps.Now, log: rt.Log, m: m,
-			idle: map[string]time.Time{}, busyAt: map[string]time.Time{}, covered: map[string]time.Time{}}
-		for _, p := range file.Pools {
-			s.pools[p.ID] = p
-		}
+		s := newScaler(rt.Bus, rt.Redis, cfg.KeyPrefix, caps, prov, file, deps.Now, rt.Log, m)
 		routers := map[string]*bus.Router{}
 		traffic := bus.NewRouter()
 		bus.On(traffic, s.onSample)
@@ -189,6 +190,9 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 		shortage := bus.NewRouter()
 		bus.On(shortage, s.onShortage)
 		routers["autoscaler-shortage"] = shortage
+		pools := bus.NewRouter()
+		bus.On(pools, s.onPoolDeclared)
+		routers["autoscaler-pools"] = pools
 		telemetry := bus.NewRouter()
 		bus.On(telemetry, s.onTelemetry)
 		routers["autoscaler-telemetry"] = telemetry
@@ -219,6 +223,20 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 		}))
 		return parts, nil
 	})
+}
+
+// newScaler builds the scaler of one replica; everything it shares with
+// other replicas lives in Redis under prefix.
+func newScaler(pub publisher, rdb *redis.Client, prefix string, caps *capacity.Store, prov provider.Provider, file policy.File,
+	now func() time.Time, log *slog.Logger, m metrics) *scaler {
+	s := &scaler{pub: pub, states: stateStore{rdb: rdb, prefix: prefix}, fleet: fleetStore{rdb: rdb, prefix: prefix},
+		declared: poolStore{rdb: rdb, prefix: prefix},
+		caps:     caps, prov: prov, file: file, pools: map[string]policy.Pool{}, now: now, log: log, m: m,
+		idle: map[string]time.Time{}, busyAt: map[string]time.Time{}}
+	for _, p := range file.Pools {
+		s.pools[p.ID] = p
+	}
+	return s
 }
 
 func newLocalProvider(cfg Config, file policy.File) (*provider.Local, error) {

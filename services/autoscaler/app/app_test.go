@@ -39,6 +39,11 @@ type env struct {
 	caps  *capacity.Store
 	prov  *provider.Memory
 	seen  *recorder
+	redis *testkit.Redis
+	// stop ends the running autoscaler; restart starts it again (same
+	// configuration, nothing kept in memory).
+	stop    func()
+	restart func()
 }
 
 // recorder keeps every message seen on the subjects it listens to.
@@ -128,24 +133,32 @@ func startWith(t testing.TB, file policy.File, mutate func(*app.Config, *app.Dep
 	cfg.Service.LogWriter = t.Output()
 	cfg.Service.ShutdownTimeout = 5 * time.Second
 	cfg.Tick = 50 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	deps := app.Deps{Provider: e.prov, Policy: &file}
 	if mutate != nil {
 		mutate(&cfg, &deps)
 	}
-	go func() { done <- app.RunWith(ctx, cfg, deps) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("autoscaler stopped with %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("autoscaler did not stop")
+	e.redis = r
+	e.restart = func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- app.RunWith(ctx, cfg, deps) }()
+		var once sync.Once
+		e.stop = func() {
+			once.Do(func() {
+				cancel()
+				select {
+				case err := <-done:
+					if err != nil && !errors.Is(err, context.Canceled) {
+						t.Errorf("autoscaler stopped with %v", err)
+					}
+				case <-time.After(20 * time.Second):
+					t.Error("autoscaler did not stop")
+				}
+			})
 		}
-	})
+	}
+	e.restart()
+	t.Cleanup(func() { e.stop() })
 	return e
 }
 

@@ -41,22 +41,22 @@ type publisher interface {
 type scaler struct {
 	pub    publisher
 	states stateStore
-	caps   *capacity.Store
-	prov   provider.Provider
-	file   policy.File
-	pools  map[string]policy.Pool
-	now    func() time.Time
-	log    *slog.Logger
-	m      metrics
+	fleet  fleetStore
+	// declared: pools declared through the bus.
+	declared poolStore
+	caps     *capacity.Store
+	prov     provider.Provider
+	file     policy.File
+	pools    map[string]policy.Pool
+	now      func() time.Time
+	log      *slog.Logger
+	m        metrics
 
 	mu sync.Mutex
 	// idle: when each provider node was first seen holding nothing.
 	idle map[string]time.Time
 	// busyAt: last telemetry with GPU utilization above zero, per node.
 	busyAt map[string]time.Time
-	// covered: waiting rentals nodes are already being provisioned for,
-	// until when.
-	covered map[string]time.Time
 }
 
 type metrics struct {
@@ -103,7 +103,10 @@ func sampleOf(ev *shizuv1.TrafficSampled) policy.Sample {
 
 // onSample records a pool's sample and decides at the sample's time.
 func (s *scaler) onSample(ctx context.Context, ev *shizuv1.TrafficSampled, _ bus.Delivery) error {
-	pool, ok := s.pools[ev.GetPoolId()]
+	pool, ok, err := s.pool(ctx, ev.GetPoolId())
+	if err != nil {
+		return err
+	}
 	if !ok {
 		s.log.DebugContext(ctx, "traffic sample for a pool without policy", "pool", ev.GetPoolId())
 		return nil
@@ -112,7 +115,7 @@ func (s *scaler) onSample(ctx context.Context, ev *shizuv1.TrafficSampled, _ bus
 	cause := ev.GetMeta().GetEventId()
 	decisionID := "scale:" + pool.ID + ":" + cause
 	var added []string
-	err := s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
+	err = s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
 		added = nil
 		st, fresh := policy.Observe(rec.State, sample)
 		if !fresh {
@@ -173,7 +176,11 @@ func (s *scaler) provisionAhead(ctx context.Context, pool policy.Pool, added []s
 // tickPools re-evaluates every pool at now: pre-warm windows opening and
 // closing, scale-to-zero after idleness.
 func (s *scaler) tickPools(ctx context.Context, now time.Time) {
-	for _, pool := range s.file.Pools {
+	pools, err := s.allPools(ctx)
+	if err != nil {
+		s.log.WarnContext(ctx, "could not read the pools declared through the bus", "err", err)
+	}
+	for _, pool := range pools {
 		id := "scale:" + pool.ID + ":tick:" + strconv.FormatInt(now.UnixMilli(), 10)
 		var added []string
 		err := s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
@@ -267,8 +274,9 @@ func (s *scaler) apply(ctx context.Context, pool policy.Pool, rec *poolRecord, d
 
 // BusyUtilizationPercent is the GPU utilization from which a node counts
 // as working. Idle GPUs report a few percent (monitoring, the driver's own
-// work), so anything below it does not keep a node from being released.
-const BusyUtilizationPercent = 5
+// work; the simulated hosts' idle walk reaches 6 %), so anything below it
+// does not keep a node from being released.
+const BusyUtilizationPercent = 10
 
 // gpuBusy reports whether a GPU's utilization says it is working.
 func gpuBusy(utilizationPercent float64) bool { return utilizationPercent >= BusyUtilizationPercent }
@@ -312,23 +320,45 @@ func (s *scaler) onShortage(ctx context.Context, ev *shizuv1.CapacityShortage, _
 }
 
 // provisionFor provisions nodes for the waiting rentals of sh, for pool
-// (the fleet or an autoscaled pool), and announces it.
+// (the fleet or an autoscaled pool), and announces it. The rentals are
+// claimed in Redis first, all or nothing, so replicas reporting the same
+// rentals provision once; the nodes are recorded there once started.
 func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, why string) error {
 	now := s.now()
-	nodes, err := s.prov.List(ctx)
-	if err != nil {
-		return fault.Unavailable("provider list: %v", err)
+	var plan fleet.Provision
+	claimed := false
+	for range 3 {
+		covered, err := s.fleet.covered(ctx, sh.Rentals)
+		if err != nil {
+			return err
+		}
+		size, err := s.fleetSize(ctx)
+		if err != nil {
+			return err
+		}
+		plan, err = fleet.PlanProvision(s.file.Fleet, sh, size, func(r string) bool { return covered[r] }, s.file.Fleet.DefaultMarket)
+		if errors.Is(err, fleet.ErrNoInstanceType) || errors.Is(err, fleet.ErrFleetFull) {
+			s.log.WarnContext(ctx, "capacity shortage cannot be provisioned", "err", err, "rentals", len(sh.Rentals))
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if plan.Count == 0 {
+			return nil
+		}
+		taken, err := s.fleet.claim(ctx, plan.Rentals, sh.EventID, 2*s.file.Fleet.RegisterTimeout.D())
+		if err != nil {
+			return err
+		}
+		if len(taken) == 0 {
+			claimed = true
+			break
+		}
+		// Another replica claimed some of them in between: plan again.
 	}
-	plan, err := fleet.PlanProvision(s.file.Fleet, sh, len(nodes), s.isCovered(now), s.file.Fleet.DefaultMarket)
-	if errors.Is(err, fleet.ErrNoInstanceType) || errors.Is(err, fleet.ErrFleetFull) {
-		s.log.WarnContext(ctx, "capacity shortage cannot be provisioned", "err", err, "rentals", len(sh.Rentals))
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if plan.Count == 0 {
-		return nil
+	if !claimed {
+		return fault.Unavailable("shortage %s: its rentals' claims kept changing", sh.EventID)
 	}
 	if why != "" {
 		plan.Reason = why + "; " + plan.Reason
@@ -344,14 +374,20 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 		s.markSpotShort(ctx, now)
 	}
 	if err != nil {
+		if uerr := s.fleet.unclaim(context.WithoutCancel(ctx), plan.Rentals, sh.EventID); uerr != nil {
+			s.log.WarnContext(ctx, "could not give back provisioning claims", "err", uerr)
+		}
 		return fault.Unavailable("provision %d %s on %s: %v", plan.Count, plan.InstanceType.Name, plan.Market, err)
 	}
-	s.mu.Lock()
-	until := now.Add(2 * s.file.Fleet.RegisterTimeout.D())
-	for _, r := range plan.Rentals {
-		s.covered[r] = until
+	recs := make([]provisionedNode, len(ids))
+	for i, id := range ids {
+		recs[i] = provisionedNode{ID: id, InstanceType: plan.InstanceType.Name, Market: provider.Market(plan.Market),
+			Zone: plan.Zone, Pool: poolID, CreatedAt: now}
 	}
-	s.mu.Unlock()
+	if err := s.fleet.addNodes(context.WithoutCancel(ctx), recs); err != nil {
+		// The provider still lists them; the next tick finds them there.
+		s.log.WarnContext(ctx, "could not record provisioned nodes", "nodes", ids, "err", err)
+	}
 	s.m.provision.Add(ctx, int64(len(ids)), metric.WithAttributes(attribute.String("shizu.market", string(plan.Market))))
 	s.log.InfoContext(ctx, "nodes provisioned", "instance_type", plan.InstanceType.Name, "market", string(plan.Market),
 		"zone", plan.Zone, "count", len(ids), "reason", plan.Reason)
@@ -371,24 +407,39 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 	return err
 }
 
-func (s *scaler) isCovered(now time.Time) func(string) bool {
-	s.mu.Lock()
-	snap := make(map[string]bool, len(s.covered))
-	for r, until := range s.covered {
-		if now.Before(until) {
-			snap[r] = true
-		} else {
-			delete(s.covered, r)
+// fleetNodes are the nodes the autoscaler provisioned: those recorded in
+// Redis (by any replica, before any restart) and those the provider lists.
+func (s *scaler) fleetNodes(ctx context.Context) ([]provisionedNode, error) {
+	recorded, err := s.fleet.nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	listed, err := s.prov.List(ctx)
+	if err != nil {
+		return nil, fault.Unavailable("provider list: %v", err)
+	}
+	out := recorded
+	for _, n := range listed {
+		if !slices.ContainsFunc(recorded, func(r provisionedNode) bool { return r.ID == n.ID }) {
+			out = append(out, provisionedNode{ID: n.ID, InstanceType: n.InstanceType, Market: n.Market, Zone: n.Zone, CreatedAt: n.CreatedAt})
 		}
 	}
-	s.mu.Unlock()
-	return func(r string) bool { return snap[r] }
+	return out, nil
+}
+
+func (s *scaler) fleetSize(ctx context.Context) (int, error) {
+	nodes, err := s.fleetNodes(ctx)
+	return len(nodes), err
 }
 
 // markSpotShort sends every pool with a market mix to on-demand for its
 // fallback hold.
 func (s *scaler) markSpotShort(ctx context.Context, now time.Time) {
-	for _, pool := range s.file.Pools {
+	pools, err := s.allPools(ctx)
+	if err != nil {
+		s.log.WarnContext(ctx, "could not read the pools declared through the bus", "err", err)
+	}
+	for _, pool := range pools {
 		if pool.MarketMix == nil {
 			continue
 		}
@@ -408,9 +459,9 @@ func (s *scaler) tickFleet(ctx context.Context, now time.Time) error {
 	if s.prov == nil {
 		return nil
 	}
-	nodes, err := s.prov.List(ctx)
+	nodes, err := s.fleetNodes(ctx)
 	if err != nil {
-		return fault.Unavailable("provider list: %v", err)
+		return err
 	}
 	views := make([]fleet.NodeView, 0, len(nodes))
 	s.mu.Lock()
@@ -507,6 +558,9 @@ func (s *scaler) release(ctx context.Context, a fleet.Action, now time.Time) err
 			return err
 		}
 	}
+	if err := s.fleet.removeNode(ctx, a.Node); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	delete(s.idle, a.Node)
 	delete(s.busyAt, a.Node)
@@ -518,17 +572,24 @@ func (s *scaler) release(ctx context.Context, a fleet.Action, now time.Time) err
 
 // poolOfRental finds the pool a rental id ("pool-<pool>-<seq>") of tenant
 // belongs to.
-func (s *scaler) poolOfRental(rental, tenant string) (policy.Pool, bool) {
-	for id, p := range s.pools {
-		rest, ok := strings.CutPrefix(rental, "pool-"+id+"-")
+func (s *scaler) poolOfRental(ctx context.Context, rental, tenant string) (policy.Pool, bool, error) {
+	if !strings.HasPrefix(rental, "pool-") {
+		return policy.Pool{}, false, nil
+	}
+	pools, err := s.allPools(ctx)
+	if fault.IsUnavailable(err) {
+		return policy.Pool{}, false, err // Redis: try again
+	}
+	for _, p := range pools {
+		rest, ok := strings.CutPrefix(rental, "pool-"+p.ID+"-")
 		if !ok || p.Tenant != tenant || rest == "" {
 			continue
 		}
 		if _, err := strconv.Atoi(rest); err == nil {
-			return p, true
+			return p, true, nil
 		}
 	}
-	return policy.Pool{}, false
+	return policy.Pool{}, false, nil
 }
 
 // onRentalRejected forgets a pool replica the scheduler will never run
@@ -553,9 +614,9 @@ func (s *scaler) onRentalStopped(ctx context.Context, ev *shizuv1.RentalStopped,
 // forget removes a lost replica from its pool, so the next evaluation
 // (a sample, or the tick for floors) replaces it if it is still needed.
 func (s *scaler) forget(ctx context.Context, rental, tenant, why string) error {
-	pool, ok := s.poolOfRental(rental, tenant)
-	if !ok {
-		return nil
+	pool, ok, err := s.poolOfRental(ctx, rental, tenant)
+	if err != nil || !ok {
+		return err
 	}
 	return s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
 		i := slices.IndexFunc(rec.Rentals, func(r poolRental) bool { return r.ID == rental })

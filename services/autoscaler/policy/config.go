@@ -171,6 +171,27 @@ func Parse(data []byte) (File, error) {
 	return f, nil
 }
 
+// ParsePool reads one pool's policy in the policy file's pool format (JSON;
+// unknown fields are errors), fills defaults and validates it with the
+// file's rules, reporting every problem with its field path. Pools declared
+// through the bus are read with it.
+func ParsePool(data []byte) (Pool, error) {
+	var p Pool
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return Pool{}, fmt.Errorf("pool policy: %w", err)
+	}
+	if dec.More() {
+		return Pool{}, errors.New("pool policy: more than one JSON value")
+	}
+	p.applyDefaults()
+	if err := p.Validate(); err != nil {
+		return Pool{}, err
+	}
+	return p, nil
+}
+
 func (p *Pool) applyDefaults() {
 	if p.TargetTracking != nil && p.TargetTracking.Tolerance == 0 {
 		p.TargetTracking.Tolerance = 0.1

@@ -4,6 +4,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 )
@@ -78,6 +79,35 @@ func TestUnknownFieldsAndBadDurationsAreRefused(t *testing.T) {
 			t.Parallel()
 			if _, err := policy.Parse([]byte(c.doc)); err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestAPoolDeclaredAloneIsReadWithTheFileRules(t *testing.T) {
+	t.Parallel()
+	p, err := policy.ParsePool([]byte(`{"id":"web","tenant":"acme","rental":{"gpu_count":1,"milli_gpu":1000},
+		"min_replicas":1,"max_replicas":4,"max_step_out":2,"max_step_in":1,
+		"target_tracking":{"metric":"requests_per_second_per_replica","value":100}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.TargetTracking.Tolerance != 0.1 || p.StaleAfter.D() != 2*time.Minute {
+		t.Errorf("defaults not filled: tolerance %v, stale_after %s", p.TargetTracking.Tolerance, p.StaleAfter.D())
+	}
+	cases := []struct{ name, json, want string }{
+		{"an unknown field is refused", `{"id":"web","replicas":3}`, `unknown field "replicas"`},
+		{"two values are refused", `{"id":"web"} {"id":"api"}`, "more than one JSON value"},
+		{"every problem is named with its field", `{"id":"fleet","tenant":"acme","rental":{"gpu_count":1,"milli_gpu":1000},"min_replicas":3,"max_replicas":2,"max_step_out":1,"max_step_in":1,"thresholds":[{"name":"hot","metric":"qps","scale_out_above":5,"step":1}]}`,
+			"id: \"fleet\" names the shared fleet"},
+		{"a bad metric is named with its path", `{"id":"web","tenant":"acme","rental":{"gpu_count":1,"milli_gpu":1000},"min_replicas":1,"max_replicas":2,"max_step_out":1,"max_step_in":1,"thresholds":[{"name":"hot","metric":"qps","scale_out_above":5,"step":1}]}`,
+			`thresholds[0].metric: "qps" is not one of`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := policy.ParsePool([]byte(c.json))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("ParsePool = %v, want it to contain %q", err, c.want)
 			}
 		})
 	}
