@@ -286,6 +286,12 @@ func TestEndToEndThroughTheCLI(t *testing.T) {
 		if n.ID == nvl.Node && n.Status != "dead" {
 			t.Fatalf("killed node %s is %s in shizu nodes, want dead", n.ID, n.Status)
 		}
+		// shizu dev gives failover a system account user, so the agent's
+		// closed connection (the server's disconnect advisory) finds the
+		// loss before the heartbeat's TTL would.
+		if n.ID == nvl.Node && !strings.HasPrefix(n.LastEvent, "lost: agent disconnected") {
+			t.Fatalf("killed node %s: last event %q, want lost: agent disconnected", n.ID, n.LastEvent)
+		}
 	}
 	// The node comes back; its agent stops the fenced workload.
 	if code, _, errOut := d.cli("chaos", "restart", nvl.Node); code != 0 {

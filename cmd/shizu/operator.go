@@ -92,7 +92,7 @@ func foldNodeEvents(events []event) nodeHealth {
 		case *shizuv1.NodeInterruptionNoticed:
 			h.last[m.GetNodeId()] = "spot interruption by " + ts(m.GetDeadline()).Local().Format("15:04:05")
 		case *shizuv1.NodeLost:
-			h.last[m.GetNodeId()] = fmt.Sprintf("lost (epoch %d fenced)", m.GetFencedEpoch())
+			h.last[m.GetNodeId()] = fmt.Sprintf("lost: %s (epoch %d fenced)", enumWord(m.GetReason().String(), "NODE_LOST_REASON_"), m.GetFencedEpoch())
 		case *shizuv1.NodeDrained:
 			h.last[m.GetNodeId()] = "drained"
 		}
