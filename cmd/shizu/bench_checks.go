@@ -584,7 +584,7 @@ func benchMetering(ctx context.Context, f benchEnvFactory, n int, step func(stri
 		Value:    rate, Unit: "events/s", Ceiling: raw,
 		CeilingWhat: "a bare JetStream pull consumer that decodes and acks the same events on the same server",
 		Goal:        goalMeteredPerSec, Seconds: time.Since(start).Seconds(),
-		Extra:       map[string]float64{"usage_records": float64(records), "records/s": float64(records) / elapsed.Seconds()},
+		Extra: map[string]float64{"usage_records": float64(records), "records/s": float64(records) / elapsed.Seconds()},
 	}, nil
 }
 
@@ -755,7 +755,7 @@ func benchAutoscaler(ctx context.Context, f benchEnvFactory, n int, step func(st
 		Value:    percentileMS(lat, 0.99), Unit: "ms", Ceiling: percentileMS(bare, 0.99),
 		CeilingWhat: "p99 of one bare JetStream publish (acked) to its receipt by a subscriber, same server",
 		Goal:        goalDecisionP99MS, AtMost: true, Seconds: time.Since(start).Seconds(),
-		Extra:       map[string]float64{"p50_ms": percentileMS(lat, 0.5), "ceiling_p50_ms": percentileMS(bare, 0.5)},
+		Extra: map[string]float64{"p50_ms": percentileMS(lat, 0.5), "ceiling_p50_ms": percentileMS(bare, 0.5)},
 	}, nil
 }
 
