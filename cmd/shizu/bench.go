@@ -97,7 +97,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		names = append(names, c.name)
 	}
 	only := fs.String("only", strings.Join(names, ","), "comma-separated checks to run: "+strings.Join(names, ", "))
-	size := fs.Int("n", 0, "size of each check (requests, rental events /3, samples, decisions); 0: each check's default")
+	size := fs.Int("n", 0, "size of each selected check: decisions, requests, rentals (3 events each) or samples; 0: each check's default")
 	out := fs.String("o", "table", "output: table or json")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Run Shizu's performance checks on this machine, through the real code
@@ -112,7 +112,7 @@ Checks:
 			fmt.Fprintf(stderr, "  %-11s %s (default -n %d)\n", c.name, c.summary, c.defaultSize)
 		}
 		fmt.Fprintf(stderr, `
-Not here: %s.
+Not here: %s
 
 Without redis-server on PATH the embedded Redis (miniredis) is used and
 the numbers are not comparable with anything.

@@ -27,7 +27,7 @@ type progress struct {
 	start    time.Time
 	done     int
 	note     string
-	lastLine time.Time
+	lastLine time.Time // the last plain line or redraw
 	drawn    bool // a bar is on the terminal's last line
 	stop     chan struct{}
 }
@@ -91,7 +91,11 @@ func (p *progress) Update(done int, note string) {
 	p.done, p.note = done, note
 	now := p.now()
 	if p.tty {
-		p.draw()
+		// A terminal is redrawn at most ten times a second (and at the end).
+		if now.Sub(p.lastLine) >= 100*time.Millisecond || done >= p.total {
+			p.lastLine = now
+			p.draw()
+		}
 		return
 	}
 	if p.every > 0 && now.Sub(p.lastLine) < p.every && done < p.total {

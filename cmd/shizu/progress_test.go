@@ -92,3 +92,21 @@ func TestProgressRedrawsOneLineOnATerminal(t *testing.T) {
 		t.Fatalf("got  %q\nwant %q", buf.String(), want)
 	}
 }
+
+func TestProgressRedrawsATerminalAtMostTenTimesASecond(t *testing.T) {
+	var buf bytes.Buffer
+	c := &clock{t: time.Unix(1000, 0)}
+	p := newProgress(&buf, "bench", 100, 2*time.Second)
+	p.now, p.start, p.tty, p.width = c.now, c.t, true, 60
+	for i := 1; i <= 100; i++ {
+		c.t = c.t.Add(10 * time.Millisecond)
+		p.Update(i, "")
+	}
+	// At 0.01 s, then every 0.1 s, and the last one.
+	if n := strings.Count(buf.String(), "\r"); n != 11 {
+		t.Fatalf("%d redraws for 100 updates over 1 s, want 11:\n%q", n, buf.String())
+	}
+	if !strings.HasSuffix(buf.String(), "100/100 100% 1.0s\x1b[K") {
+		t.Fatalf("the last update is not drawn: %q", buf.String())
+	}
+}
