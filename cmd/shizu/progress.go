@@ -28,7 +28,7 @@ type progress struct {
 	done     int
 	note     string
 	lastLine time.Time // the last plain line or redraw
-	drawn    bool // a bar is on the terminal's last line
+	drawn    bool      // a bar is on the terminal's last line
 	stop     chan struct{}
 }
 
