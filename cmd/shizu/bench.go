@@ -195,8 +195,9 @@ func runBench(ctx context.Context, checks []benchCheck, size int, stderr io.Writ
 		if n == 0 {
 			n = c.defaultSize
 		}
+		// The bar counts percent of all checks; the note names the check.
 		step := func(phase string, frac float64) {
-			bar.Update(i*100+int(min(max(frac, 0), 1)*100), c.name+": "+phase)
+			bar.Update(i*100+int(min(max(frac, 0), 1)*100), fmt.Sprintf("check %d/%d %s: %s", i+1, len(checks), c.name, phase))
 		}
 		step("starting", 0)
 		res, err := c.run(ctx, factory, n, step)
