@@ -37,6 +37,13 @@ import (
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
+// The system account of the embedded server and its one user, which
+// failover uses for the client-disconnect advisories.
+const (
+	devSystemAccount = "SYS"
+	devSystemUser    = "sys"
+)
+
 type devOptions struct {
 	dataDir   string
 	ephemeral bool
@@ -172,10 +179,17 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer) error {
 	notes = append(notes, note)
 	monPort, note := pickPort(o.monPort, "NATS monitoring")
 	notes = append(notes, note)
+	// A system account with one user lets failover read the server's
+	// client-disconnect advisories: a killed agent is then found in about
+	// a second, not at its heartbeat's TTL.
+	sysAccount := server.NewAccount(devSystemAccount)
+	sysPassword := randomPassword()
 	stack.nats, err = embednats.Start(&server.Options{
 		ServerName: "shizu-dev", Host: "127.0.0.1", Port: natsPort, HTTPHost: "127.0.0.1", HTTPPort: monPort,
 		JetStream: true, StoreDir: filepath.Join(dataDir, "nats"), NoSigs: true, NoLog: true,
-		Users: embednats.Users(topology.Users(), func(name string) string { return passwords[name] }),
+		Accounts: []*server.Account{sysAccount}, SystemAccount: devSystemAccount,
+		Users: append(embednats.Users(topology.Users(), func(name string) string { return passwords[name] }),
+			&server.User{Username: devSystemUser, Password: sysPassword, Account: sysAccount}),
 	}, 10*time.Second)
 	if err != nil {
 		return err
@@ -215,6 +229,7 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer) error {
 	sched.Service, meter.Service, scale.Service, fail.Service =
 		base(topology.Scheduler), base(topology.Metering), base(topology.Autoscaler), base(topology.Failover)
 	meter.Rules.Interval, meter.Rules.MinimumCharge = o.interval, o.minCharge
+	fail.Advisory = failover.AdvisoryConfig{URL: natsURL, User: devSystemUser, Password: sysPassword}
 	scale.PolicyFile = o.policy
 	var scaleDeps autoscaler.Deps // set below, before the services start
 	units := []unit{

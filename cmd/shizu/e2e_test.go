@@ -49,14 +49,15 @@ func buildShizu(t *testing.T) string {
 
 // devProcess is a running `shizu dev` and the CLI pointed at it.
 type devProcess struct {
-	t      *testing.T
-	bin    string
-	dir    string
-	out    []string // stdout up to "Ctrl-C stops everything."
-	cmd    *exec.Cmd
-	stderr *bytes.Buffer
-	lines  chan string
-	exited chan error
+	t       *testing.T
+	bin     string
+	dir     string
+	out     []string // stdout up to "Ctrl-C stops everything."
+	cmd     *exec.Cmd
+	stderr  *bytes.Buffer
+	lines   chan string
+	exited  chan error
+	stopped bool // interrupt has seen it exit
 }
 
 // cli runs one shizu verb against the dev platform and returns its exit
@@ -114,7 +115,19 @@ func startDev(t *testing.T, args ...string) *devProcess {
 		close(d.lines)
 		d.exited <- d.cmd.Wait()
 	}()
-	t.Cleanup(func() { _ = d.cmd.Process.Kill() })
+	t.Cleanup(func() {
+		// A failed test still stops shizu dev with Ctrl-C, so an
+		// ephemeral one kills its workloads and removes its folder.
+		if d.stopped {
+			return
+		}
+		_ = d.cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-d.exited:
+		case <-time.After(30 * time.Second):
+			_ = d.cmd.Process.Kill()
+		}
+	})
 	dataLine := regexp.MustCompile(`^Shizu dev platform is up\. Data: (\S+) `)
 	deadline := time.After(120 * time.Second)
 	for {
@@ -143,6 +156,7 @@ func startDev(t *testing.T, args ...string) *devProcess {
 // shizu dev printed after it was up.
 func (d *devProcess) interrupt() string {
 	d.t.Helper()
+	d.stopped = true
 	if err := d.cmd.Process.Signal(syscall.SIGINT); err != nil {
 		d.t.Fatal(err)
 	}
@@ -286,6 +300,12 @@ func TestEndToEndThroughTheCLI(t *testing.T) {
 		if n.ID == nvl.Node && n.Status != "dead" {
 			t.Fatalf("killed node %s is %s in shizu nodes, want dead", n.ID, n.Status)
 		}
+		// shizu dev gives failover a system account user, so the agent's
+		// closed connection (the server's disconnect advisory) finds the
+		// loss before the heartbeat's TTL would.
+		if n.ID == nvl.Node && !strings.HasPrefix(n.LastEvent, "lost: agent disconnected") {
+			t.Fatalf("killed node %s: last event %q, want lost: agent disconnected", n.ID, n.LastEvent)
+		}
 	}
 	// The node comes back; its agent stops the fenced workload.
 	if code, _, errOut := d.cli("chaos", "restart", nvl.Node); code != 0 {
@@ -391,4 +411,92 @@ func TestEndToEndThroughTheCLI(t *testing.T) {
 	if code, _, errOut := d.cli("ls"); code != 1 || !strings.Contains(errOut, "shizu dev") {
 		t.Fatalf("ls after the platform stopped: exit %d %q, want a hint to start shizu dev", code, errOut)
 	}
+}
+
+// TestPartitionThroughTheCLI cuts a node off the network with shizu chaos
+// partition: its workload keeps running while failover fences the node
+// and the rental migrates; when the node returns its agent stops the
+// fenced workload, so the rental runs once.
+func TestPartitionThroughTheCLI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	d := startDev(t, "-ephemeral", "-fleet", "rtx4090x8:2")
+	type rental struct {
+		ID       string                           `json:"rental_id"`
+		State    string                           `json:"state"`
+		Why      string                           `json:"why"`
+		Node     string                           `json:"node"`
+		Timeline []struct{ Event, Detail string } `json:"timeline"`
+	}
+	var r rental
+	d.json(&r, "rent", "-wait", "60s", "-model", "RTX4090-24GB")
+	if r.State != stateRunning {
+		t.Fatalf("rent: %s (%s)", r.State, r.Why)
+	}
+	stateDir := func(node string) string { return filepath.Join(d.dir, "node-agent", node) }
+	if n := leftWorkloads(stateDir(r.Node), false); n != 1 {
+		t.Fatalf("%d workloads run on %s, want 1", n, r.Node)
+	}
+
+	if code, _, errOut := d.cli("chaos", "partition", r.Node, "-for", "0s"); code != 2 || !strings.Contains(errOut, "-for") {
+		t.Fatalf("partition -for 0s: exit %d %q", code, errOut)
+	}
+	code, out, errOut := d.cli("chaos", "partition", r.Node, "-for", "15s")
+	if code != 0 || !strings.Contains(out, "cut off") {
+		t.Fatalf("chaos partition: exit %d %q %q", code, out, errOut)
+	}
+	if code, _, errOut := d.cli("chaos", "partition", r.Node); code != 1 || !strings.Contains(errOut, "already partitioned") {
+		t.Fatalf("second partition: exit %d %q", code, errOut)
+	}
+	var list chaosReply
+	d.json(&list, "chaos", "list")
+	for _, n := range list.Nodes {
+		if n.ID == r.Node && (!n.Running || !n.Partitioned) {
+			t.Fatalf("chaos list: %+v, want running and partitioned", n)
+		}
+	}
+	// Cut off, the agent runs on and so does the workload.
+	if n := leftWorkloads(stateDir(r.Node), false); n != 1 {
+		t.Fatalf("%d workloads on the partitioned %s, want 1 still running", n, r.Node)
+	}
+
+	// Failover fences the silent node and the rental runs elsewhere.
+	testkit.Eventually(t, 60*time.Second, func() error {
+		var got rental
+		d.json(&got, "show", r.ID)
+		migrating := false
+		for _, s := range got.Timeline {
+			migrating = migrating || (s.Event == "migrating" && strings.Contains(s.Detail, "from "+r.Node))
+		}
+		if !migrating || got.State != stateRunning || got.Node == r.Node {
+			return fmt.Errorf("%s on %s (%s), migrating from %s seen: %v", got.State, got.Node, got.Why, r.Node, migrating)
+		}
+		return nil
+	})
+
+	// The partition heals: the agent reconnects, finds its allocation
+	// fenced and stops the old workload, so only the new run is left.
+	testkit.Eventually(t, 90*time.Second, func() error {
+		if n := leftWorkloads(stateDir(r.Node), false); n != 0 {
+			return fmt.Errorf("%d workloads still run on %s", n, r.Node)
+		}
+		var now chaosReply // fresh: "partitioned" is left out when false
+		d.json(&now, "chaos", "list")
+		for _, n := range now.Nodes {
+			if n.ID == r.Node && n.Partitioned {
+				return fmt.Errorf("%s still partitioned", n.ID)
+			}
+		}
+		return nil
+	})
+	var got rental
+	d.json(&got, "show", r.ID)
+	if got.State != stateRunning || got.Node == r.Node {
+		t.Fatalf("after the partition: %s on %s", got.State, got.Node)
+	}
+	if n := leftWorkloads(stateDir(got.Node), false); n != 1 {
+		t.Fatalf("%d workloads on %s, want the one run of %s", n, got.Node, r.ID)
+	}
+	d.interrupt()
 }

@@ -103,6 +103,11 @@ type runningAgent struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error
+	// links are the node's network paths to NATS and Redis, which chaos
+	// partition cuts; heal ends the partition in progress.
+	links             *nodeLinks
+	natsURL, redisURL string // through the links
+	heal              *time.Timer
 }
 
 func newFleetRunner(nodes []fleetNode, base func(fleetNode) nodeagent.Config, log *slog.Logger) (*fleetRunner, error) {
@@ -171,6 +176,16 @@ func (r *fleetRunner) start(ctx context.Context, id string) error {
 	}
 	cfg := a.cfg
 	cfg.Fleet = f
+	// The agent reaches NATS and Redis through the node's links, so that
+	// chaos can cut it off the network without stopping it.
+	if a.links == nil {
+		links, natsURL, redisURL, err := newNodeLinks(a.cfg.Service.NATS.URL, a.cfg.Service.RedisURL)
+		if err != nil {
+			return fmt.Errorf("node %s: %w", id, err)
+		}
+		a.links, a.natsURL, a.redisURL = links, natsURL, redisURL
+	}
+	cfg.Service.NATS.URL, cfg.Service.RedisURL = a.natsURL, a.redisURL
 	actx, cancel := context.WithCancel(ctx)
 	a.fleet, a.cancel, a.done, a.err = f, cancel, make(chan struct{}), nil
 	done := a.done
@@ -216,6 +231,43 @@ func (r *fleetRunner) stopAll() {
 	for _, id := range r.ids() {
 		_ = r.stop(id)
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, a := range r.agents {
+		if a.heal != nil {
+			a.heal.Stop()
+		}
+		if a.links != nil {
+			a.links.close()
+			a.links = nil
+		}
+	}
+}
+
+// partition cuts a running node off NATS and Redis for d: its connections
+// drop, its heartbeats stop and its workloads keep running, so failover
+// fences it and moves its rentals; then the links heal, the agent
+// reconnects, finds itself fenced and stops what it must not run.
+func (r *fleetRunner) partition(node string, d time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a := r.agents[node]
+	switch {
+	case a == nil:
+		return fmt.Errorf("no simulated node %q", node)
+	case a.cancel == nil || a.links == nil:
+		return fmt.Errorf("node %s is not running (shizu chaos restart %s)", node, node)
+	case a.links.isCut():
+		return fmt.Errorf("node %s is already partitioned", node)
+	}
+	links := a.links
+	links.setCut(true)
+	r.log.Warn("chaos: node partitioned", "node", node, "for", d)
+	a.heal = time.AfterFunc(d, func() {
+		links.setCut(false)
+		r.log.Warn("chaos: node partition healed", "node", node)
+	})
+	return nil
 }
 
 // nodes lists the fleet in order with whether each agent runs.
@@ -225,7 +277,8 @@ func (r *fleetRunner) nodes() []chaosNode {
 	out := make([]chaosNode, 0, len(r.order))
 	for _, id := range r.order {
 		a := r.agents[id]
-		out = append(out, chaosNode{ID: id, Profile: a.node.Profile, Market: a.node.Market, Running: a.cancel != nil, HTTP: a.cfg.Service.HTTPAddr})
+		out = append(out, chaosNode{ID: id, Profile: a.node.Profile, Market: a.node.Market, Running: a.cancel != nil, HTTP: a.cfg.Service.HTTPAddr,
+			Partitioned: a.links != nil && a.links.isCut()})
 	}
 	return out
 }
@@ -241,11 +294,13 @@ func (r *fleetRunner) failed(id string) error {
 
 // chaosRequest is what `shizu chaos` sends on shizu.dev.chaos.<node>.
 type chaosRequest struct {
-	Action string `json:"action"` // kill, restart, xid, ecc, offbus, interrupt, list
+	Action string `json:"action"` // kill, restart, partition, xid, ecc, offbus, interrupt, list
 	GPU    int    `json:"gpu,omitempty"`
 	XID    int    `json:"xid,omitempty"`
 	// In is how long until a spot interruption takes the node.
 	In time.Duration `json:"in,omitempty"`
+	// For is how long a partition lasts.
+	For time.Duration `json:"for,omitempty"`
 }
 
 type chaosNode struct {
@@ -253,7 +308,9 @@ type chaosNode struct {
 	Profile string `json:"profile"`
 	Market  string `json:"market"`
 	Running bool   `json:"running"`
-	HTTP    string `json:"http"`
+	// Partitioned: cut off NATS and Redis by chaos partition.
+	Partitioned bool   `json:"partitioned,omitempty"`
+	HTTP        string `json:"http"`
 }
 
 type chaosReply struct {
@@ -278,9 +335,9 @@ func (r *fleetRunner) apply(ctx context.Context, node string, req chaosRequest) 
 	}
 	fail := func(err error) chaosReply { return chaosReply{Error: err.Error()} }
 	switch req.Action {
-	case "kill", "restart", "xid", "ecc", "offbus", "interrupt":
+	case "kill", "restart", "partition", "xid", "ecc", "offbus", "interrupt":
 	default:
-		return fail(fmt.Errorf("unknown action %q: want list, kill, restart, xid, ecc, offbus or interrupt", req.Action))
+		return fail(fmt.Errorf("unknown action %q: want list, kill, restart, partition, xid, ecc, offbus or interrupt", req.Action))
 	}
 	switch req.Action {
 	case "kill":
@@ -288,6 +345,16 @@ func (r *fleetRunner) apply(ctx context.Context, node string, req chaosRequest) 
 			return fail(err)
 		}
 		return chaosReply{OK: true, Message: fmt.Sprintf("node agent %s stopped: its heartbeat expires and failover moves its rentals", node)}
+	case "partition":
+		d := req.For
+		if d <= 0 {
+			d = 30 * time.Second
+		}
+		if err := r.partition(node, d); err != nil {
+			return fail(err)
+		}
+		return chaosReply{OK: true, Message: fmt.Sprintf("node %s cut off NATS and Redis for %s: its heartbeats stop and its workloads keep running; "+
+			"failover fences it and moves its rentals, and when it returns its agent stops what was fenced", node, d)}
 	case "restart":
 		if err := r.start(ctx, node); err != nil {
 			return fail(err)

@@ -14,6 +14,7 @@ require (
 	github.com/shizu-gpu/shizu/services/node-agent v0.0.0
 	github.com/shizu-gpu/shizu/services/scheduler v0.0.0
 	github.com/shizu-gpu/shizu/shared v0.0.0
+	golang.org/x/sys v0.49.0
 	google.golang.org/protobuf v1.36.12
 )
 
@@ -58,7 +59,6 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect

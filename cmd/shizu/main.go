@@ -18,6 +18,7 @@ Usage:
   shizu dev [flags]        run NATS, Redis and all five services on this machine
   shizu provision [flags]  create or update the JetStream streams (as the admin user)
   shizu replay [flags]     replay the Alibaba GPU trace through the placement policies
+  shizu bench [flags]      measure the performance checks against ceilings of this machine
   shizu version            print the version
 
 Tenant:
@@ -59,6 +60,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return provisionCommand(ctx, args[1:], stdout, stderr)
 	case "replay":
 		return replayCommand(ctx, args[1:], stdout, stderr)
+	case "bench":
+		return benchCommand(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "shizu", version)
 		return 0

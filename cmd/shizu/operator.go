@@ -92,7 +92,7 @@ func foldNodeEvents(events []event) nodeHealth {
 		case *shizuv1.NodeInterruptionNoticed:
 			h.last[m.GetNodeId()] = "spot interruption by " + ts(m.GetDeadline()).Local().Format("15:04:05")
 		case *shizuv1.NodeLost:
-			h.last[m.GetNodeId()] = fmt.Sprintf("lost (epoch %d fenced)", m.GetFencedEpoch())
+			h.last[m.GetNodeId()] = fmt.Sprintf("lost: %s (epoch %d fenced)", enumWord(m.GetReason().String(), "NODE_LOST_REASON_"), m.GetFencedEpoch())
 		case *shizuv1.NodeDrained:
 			h.last[m.GetNodeId()] = "drained"
 		}
@@ -413,10 +413,11 @@ var trafficVerb = verb{
 var chaosVerb = verb{
 	name:    "chaos",
 	summary: "Break a simulated node of a running `shizu dev` (its in-process node agents), to watch failover.",
-	usage:   "<list|kill|restart|xid|ecc|offbus|interrupt> [node] [flags]",
+	usage:   "<list|kill|restart|partition|xid|ecc|offbus|interrupt> [node] [flags]",
 	examples: `  shizu chaos list                          # the simulated nodes and whether their agent runs
   shizu chaos kill h100x8-1                 # stop its agent: heartbeat expires, rentals migrate
   shizu chaos restart h100x8-1              # bring it back with healthy GPUs
+  shizu chaos partition h100x8-1 -for 30s   # cut it off NATS and Redis: fenced, rentals move, back after 30s
   shizu chaos xid h100x8-1 -gpu 3 -xid 79   # an Xid on one GPU (79: fallen off the bus)
   shizu chaos ecc a100x8-1 -gpu 0           # an uncorrected ECC error
   shizu chaos interrupt h100x8-1 -in 30s    # a spot interruption notice
@@ -427,19 +428,20 @@ var chaosVerb = verb{
 		gpu := fs.Int("gpu", 0, "GPU index for xid, ecc and offbus")
 		xid := fs.Int("xid", 79, "Xid code for xid (48 double-bit ECC, 79 fallen off the bus, 13 graphics error...)")
 		in := fs.Duration("in", 30*time.Second, "interrupt: time until the node is reclaimed")
+		forDur := fs.Duration("for", 30*time.Second, "partition: how long the node stays cut off")
 		return func(ctx context.Context, args []string, stdout io.Writer) error {
 			if len(args) == 0 {
-				return usagef("want an action: list, kill, restart, xid, ecc, offbus or interrupt")
+				return usagef("want an action: list, kill, restart, partition, xid, ecc, offbus or interrupt")
 			}
 			action := args[0]
-			req := chaosRequest{Action: action, GPU: *gpu, XID: *xid, In: *in}
+			req := chaosRequest{Action: action, GPU: *gpu, XID: *xid, In: *in, For: *forDur}
 			node := "all"
 			switch action {
 			case "list":
 				if len(args) != 1 {
 					return usagef("list takes no node")
 				}
-			case "kill", "restart", "xid", "ecc", "offbus", "interrupt":
+			case "kill", "restart", "partition", "xid", "ecc", "offbus", "interrupt":
 				if len(args) != 2 {
 					return usagef("%s needs one node id (see shizu chaos list)", action)
 				}
@@ -448,10 +450,13 @@ var chaosVerb = verb{
 					return usagef("node id: %v", err)
 				}
 			default:
-				return usagef("unknown action %q: want list, kill, restart, xid, ecc, offbus or interrupt", action)
+				return usagef("unknown action %q: want list, kill, restart, partition, xid, ecc, offbus or interrupt", action)
 			}
 			if *gpu < 0 || *xid <= 0 {
 				return usagef("-gpu %d and -xid %d must be non-negative and positive", *gpu, *xid)
+			}
+			if *forDur < time.Second || *forDur > time.Hour {
+				return usagef("-for %s: a partition lasts from 1s to 1h", *forDur)
 			}
 			conn, _, err := cf.connect(ctx)
 			if err != nil {
@@ -485,6 +490,8 @@ var chaosVerb = verb{
 					state := "running"
 					if !n.Running {
 						state = "stopped"
+					} else if n.Partitioned {
+						state = "running, partitioned"
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n.ID, n.Profile, n.Market, state)
 				}

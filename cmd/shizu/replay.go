@@ -90,17 +90,20 @@ Flags:
 	fmt.Fprintf(stderr, "replay: %d nodes (%d GPUs), %d pods from %s; %d policies x %d seeds, mode %s\n",
 		len(tr.Nodes), tr.CapacityMilli()/placement.MilliPerGPU, len(tr.Pods), pods, len(pols), *seeds, m)
 	start := time.Now()
+	// A bar on a terminal, else a line per finished run; on stderr.
+	bar := newProgress(stderr, "replay", len(pols)**seeds, 0)
 	sums, _, err := replay.Execute(ctx, &tr, replay.Plan{
 		Policies: pols, Seeds: replay.Seeds(*firstSeed, *seeds), Workers: *workers,
 		Options: replay.Options{Mode: m, Tune: *tune, Stretch: *stretch},
 		Progress: func(done, total int, r replay.Result) {
-			msg := fmt.Sprintf("replay: [%d/%d] %s seed %d: %d tasks, %d failed", done, total, r.Policy, r.Seed, r.Tasks, r.Failed)
+			msg := fmt.Sprintf("%s seed %d: %d tasks, %d failed", r.Policy, r.Seed, r.Tasks, r.Failed)
 			if lv, ok := r.At(100); ok {
 				msg += fmt.Sprintf(", %.2f%% unallocated at 100%% arrived", lv.Unalloc)
 			}
-			fmt.Fprintf(stderr, "%s (%.1fs)\n", msg, r.Wall.Seconds())
+			bar.Update(done, fmt.Sprintf("%s (%.1fs)", msg, r.Wall.Seconds()))
 		},
 	})
+	bar.Finish()
 	if err != nil {
 		fmt.Fprintln(stderr, "shizu replay:", err)
 		return 1
