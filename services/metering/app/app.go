@@ -37,8 +37,13 @@ type Config struct {
 	CloseGrace time.Duration
 	// Tick is how often due intervals are looked for.
 	Tick time.Duration
-	// Concurrency is the number of deliveries handled at once per consumer.
+	// Concurrency is the number of batches handled at once per consumer
+	// (deliveries at once for the spot price consumer).
 	Concurrency int
+	// Batch is the most rental events or usage records handled together:
+	// their Redis work shares one pipeline and their usage records one
+	// async publish batch.
+	Batch int
 	// FastAck acknowledges without waiting for the server (handlers are
 	// idempotent, so a lost ack only redelivers).
 	FastAck bool
@@ -49,7 +54,7 @@ type Config struct {
 // DefaultConfig is the configuration on a developer machine.
 func DefaultConfig() Config {
 	return Config{Service: service.Defaults(topology.Metering), Rules: ledger.DefaultRules(),
-		CloseGrace: 30 * time.Second, Tick: time.Second, Concurrency: 16, FastAck: true, KeyPrefix: "mt:"}
+		CloseGrace: 30 * time.Second, Tick: time.Second, Concurrency: 4, Batch: 500, FastAck: true, KeyPrefix: "mt:"}
 }
 
 func envOr(key, def string) string {
@@ -70,7 +75,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("minimum-charge", "minimum on-demand charge [SHIZU_METERING_MINIMUM_CHARGE] (default "+c.Rules.MinimumCharge.String()+")", durationFlag(&c.Rules.MinimumCharge))
 	fs.DurationVar(&c.CloseGrace, "close-grace", c.CloseGrace, "wait after an interval boundary before closing a running rental's record")
 	fs.DurationVar(&c.Tick, "tick", c.Tick, "how often due intervals are closed")
-	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "deliveries handled at once per consumer")
+	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "batches handled at once per consumer")
+	fs.IntVar(&c.Batch, "batch", c.Batch, "most events handled together in one batch")
 	fs.BoolVar(&c.FastAck, "fast-ack", c.FastAck, "acknowledge without waiting for the server")
 	for key, d := range map[string]*time.Duration{"SHIZU_METERING_INTERVAL": &c.Rules.Interval, "SHIZU_METERING_MINIMUM_CHARGE": &c.Rules.MinimumCharge} {
 		if v, ok := os.LookupEnv(key); ok {
@@ -111,6 +117,9 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrency < 1 {
 		errs = append(errs, fmt.Errorf("metering: concurrency %d must be at least 1", c.Concurrency))
+	}
+	if c.Batch < 1 {
+		errs = append(errs, fmt.Errorf("metering: batch %d must be at least 1", c.Batch))
 	}
 	if _, _, err := c.load(); err != nil {
 		errs = append(errs, fmt.Errorf("metering: %w", err))

@@ -60,12 +60,51 @@ return {1, before, tostring(after)}`)
 // Apply folds one usage record into the aggregates of generation gen (""
 // for the current one), once per record id.
 func (s *Store) Apply(ctx context.Context, gen string, r *shizuv1.UsageRecorded) (Applied, error) {
+	reply, err := s.pipe.run(ctx, applyScript, nil, s.applyArgs(gen, r)...)
+	if err != nil {
+		return Applied{}, fmt.Errorf("apply usage %s: %w", r.GetMeta().GetEventId(), err)
+	}
+	return appliedReply(r, reply)
+}
+
+// ApplyAll is Apply for many records in one pipeline; each record is still
+// one atomic script, applied once per record id.
+func (s *Store) ApplyAll(ctx context.Context, gen string, rs []*shizuv1.UsageRecorded) ([]Applied, error) {
+	if len(rs) == 0 {
+		return nil, nil
+	}
+	calls := make([]scriptCall, len(rs))
+	for i, r := range rs {
+		calls[i] = scriptCall{args: s.applyArgs(gen, r)}
+	}
+	cmds, err := s.pipelined(ctx, applyScript, calls)
+	if err != nil {
+		return nil, fmt.Errorf("apply usage: %w", err)
+	}
+	out := make([]Applied, len(rs))
+	for i, c := range cmds {
+		reply, err := c.Result()
+		if err != nil {
+			return nil, fmt.Errorf("apply usage %s: %w", rs[i].GetMeta().GetEventId(), err)
+		}
+		if out[i], err = appliedReply(rs[i], reply); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) applyArgs(gen string, r *shizuv1.UsageRecorded) []any {
 	start := r.GetIntervalStart().AsTime().UTC()
-	pm := fmt.Sprintf("%d|%s", int32(r.GetPlan()), r.GetModel())
+	pm := strconv.Itoa(int(r.GetPlan())) + "|" + r.GetModel()
 	mgs := int64(r.GetGpuCount()) * int64(r.GetMilliGpu()) * r.GetSeconds()
-	args := []any{s.prefix, gen, r.GetMeta().GetEventId(), start.Format(time.DateOnly), start.Format("2006-01"),
+	args := make([]any, 0, 12+len(r.GetLabels()))
+	args = append(args, s.prefix, gen, r.GetMeta().GetEventId(), start.Format(time.DateOnly), start.Format("2006-01"),
 		r.GetTenantId(), r.GetRentalId(), pm, r.GetAmount().GetCurrency(),
-		strconv.FormatInt(r.GetAmount().GetMicros(), 10), strconv.FormatInt(mgs, 10), strconv.FormatInt(r.GetSeconds(), 10)}
+		strconv.FormatInt(r.GetAmount().GetMicros(), 10), strconv.FormatInt(mgs, 10), strconv.FormatInt(r.GetSeconds(), 10))
+	if len(r.GetLabels()) == 0 {
+		return args
+	}
 	keys := make([]string, 0, len(r.GetLabels()))
 	for k, v := range r.GetLabels() {
 		keys = append(keys, k+"="+v)
@@ -74,17 +113,20 @@ func (s *Store) Apply(ctx context.Context, gen string, r *shizuv1.UsageRecorded)
 	for _, k := range keys {
 		args = append(args, k)
 	}
-	reply, err := s.pipe.run(ctx, applyScript, nil, args...)
-	if err != nil {
-		return Applied{}, fmt.Errorf("apply usage %s: %w", r.GetMeta().GetEventId(), err)
-	}
+	return args
+}
+
+func appliedReply(r *shizuv1.UsageRecorded, reply any) (Applied, error) {
 	res, ok := reply.([]any)
 	if !ok || len(res) != 3 {
 		return Applied{}, fmt.Errorf("apply usage %s: unexpected reply %v", r.GetMeta().GetEventId(), reply)
 	}
-	out := Applied{New: res[0].(int64) == 1}
-	out.MonthBefore, _ = strconv.ParseInt(fmt.Sprint(res[1]), 10, 64)
-	out.MonthAfter, _ = strconv.ParseInt(fmt.Sprint(res[2]), 10, 64)
+	n, _ := res[0].(int64)
+	out := Applied{New: n == 1}
+	before, _ := res[1].(string)
+	after, _ := res[2].(string)
+	out.MonthBefore, _ = strconv.ParseInt(before, 10, 64)
+	out.MonthAfter, _ = strconv.ParseInt(after, 10, 64)
 	return out, nil
 }
 

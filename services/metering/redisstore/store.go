@@ -71,32 +71,189 @@ func parseMember(m string) (SegmentRef, error) {
 
 func nanos(t time.Time) string { return strconv.FormatInt(t.UnixNano(), 10) }
 
-// mergeScript merges one event's fields into a segment and returns the
-// segment's hash and the last heartbeat of the node this placement was lost
-// on, if it was, in one round trip.
+// mergeScript merges the fields of one or more events of a segment (in
+// order) and returns the segment's hash and the last heartbeat of the node
+// this placement was lost on, if it was, in one round trip.
 //
 //	KEYS: seg, lost, due, attempts
-//	ARGV: mode (sched|start|stop|get), due member, due score, attempt, field, value, ...
+//	ARGV: due member, attempt, then per event: mode (sched|start|stop),
+//	      due score, n, n field/value pairs
+//
+// A start sets only the fields not set yet (the first start reported
+// wins); the other events overwrite theirs with the same values on a
+// redelivery.
 var mergeScript = redis.NewScript(`
-local mode = ARGV[1]
-if mode == 'start' then
-  for i = 5, #ARGV, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i+1]) end
-elseif mode ~= 'get' then
-  for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i+1]) end
+local i = 3
+while i <= #ARGV do
+  local mode, due, n = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2])
+  local first, last = i + 3, i + 2 + 2 * n
+  if mode == 'start' then
+    for j = first, last, 2 do redis.call('HSETNX', KEYS[1], ARGV[j], ARGV[j+1]) end
+  elseif n > 0 then
+    redis.call('HSET', KEYS[1], unpack(ARGV, first, last))
+  end
+  if mode == 'start' or mode == 'stop' then redis.call('ZADD', KEYS[3], 'NX', due, ARGV[1]) end
+  if mode == 'start' or mode == 'sched' then redis.call('SADD', KEYS[4], ARGV[2]) end
+  i = last + 1
 end
-if mode == 'start' or mode == 'stop' then redis.call('ZADD', KEYS[3], 'NX', ARGV[3], ARGV[2]) end
-if mode == 'start' or mode == 'sched' then redis.call('SADD', KEYS[4], ARGV[4]) end
 local h = redis.call('HGETALL', KEYS[1])
-local lost = redis.call('HGET', KEYS[2], ARGV[4])
+local lost = redis.call('HGET', KEYS[2], ARGV[2])
 return {h, lost}`)
 
-func (s *Store) merge(ctx context.Context, ref SegmentRef, mode string, due time.Time, fields ...any) (ledger.SegmentState, error) {
-	args := append([]any{mode, ref.member(), due.Unix(), ref.Attempt}, fields...)
-	out, err := s.pipe.run(ctx, mergeScript, []string{s.segKey(ref.RentalID, ref.Attempt), s.lostKey(ref.RentalID),
-		s.dueKey(), s.attKey(ref.RentalID)}, args...)
+// SegmentEvent is one event's change to a segment, for MergeSegments.
+type SegmentEvent struct {
+	Ref    SegmentRef
+	mode   string
+	due    int64
+	fields []any
+}
+
+// ScheduledEvent is the change RentalScheduled makes: the placement's
+// pricing facts.
+func ScheduledEvent(st ledger.SegmentState) (SegmentEvent, error) {
+	labels, err := json.Marshal(st.Labels)
+	if err != nil {
+		return SegmentEvent{}, err
+	}
+	f := []any{"sched", 1, "tenant", st.TenantID, "node", st.NodeID, "plan", int32(st.Plan),
+		"model", st.Model, "zone", st.Zone, "gpus", st.GPUCount, "milli", st.MilliGPU, "labels", labels}
+	if st.MaxSpot != nil {
+		f = append(f, "maxspot", st.MaxSpot.Micros, "maxspotcur", st.MaxSpot.Currency)
+	}
+	return SegmentEvent{Ref: SegmentRef{RentalID: st.RentalID, Attempt: st.Attempt}, mode: "sched", fields: f}, nil
+}
+
+// StartedEvent is the change RentalStarted makes: it records the start
+// (the first reported wins) and makes the segment due for closing at due
+// unless it already is.
+func StartedEvent(ref SegmentRef, node string, at, due time.Time) SegmentEvent {
+	return SegmentEvent{Ref: ref, mode: "start", due: due.Unix(), fields: []any{"start", nanos(at), "startnode", node}}
+}
+
+// StoppedEvent is the change RentalStopped makes: it records the end.
+func StoppedEvent(ref SegmentRef, startedAt, stoppedAt time.Time, reason shizuv1.ExitReason) SegmentEvent {
+	return SegmentEvent{Ref: ref, mode: "stop", due: stoppedAt.Unix(),
+		fields: []any{"sstart", nanos(startedAt), "stop", nanos(stoppedAt), "exit", int32(reason)}}
+}
+
+// MergeSegments merges events into their segments, one atomic script per
+// segment and all of them in one pipeline, and returns the state of each
+// segment after its events, in the order the segments first appear. A
+// segment named by a SegmentEvent with no change (SegmentEvent{Ref: r}) is
+// only loaded.
+func (s *Store) MergeSegments(ctx context.Context, events []SegmentEvent) ([]ledger.SegmentState, error) {
+	type group struct {
+		ref  SegmentRef
+		args []any
+	}
+	var groups []*group
+	byRef := make(map[SegmentRef]*group, len(events))
+	for _, ev := range events {
+		g, ok := byRef[ev.Ref]
+		if !ok {
+			g = &group{ref: ev.Ref, args: []any{ev.Ref.member(), ev.Ref.Attempt}}
+			byRef[ev.Ref] = g
+			groups = append(groups, g)
+		}
+		if ev.mode == "" {
+			continue
+		}
+		g.args = append(g.args, ev.mode, ev.due, len(ev.fields)/2)
+		g.args = append(g.args, ev.fields...)
+	}
+	if len(groups) == 0 {
+		return nil, nil
+	}
+	calls := make([]scriptCall, len(groups))
+	for i, g := range groups {
+		calls[i] = scriptCall{keys: s.segmentKeys(g.ref), args: g.args}
+	}
+	cmds, err := s.pipelined(ctx, mergeScript, calls)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ledger.SegmentState, len(groups))
+	for i, g := range groups {
+		st, err := segmentReply(g.ref, cmds[i])
+		if err != nil {
+			return nil, err
+		}
+		out[i] = st
+	}
+	return out, nil
+}
+
+func (s *Store) segmentKeys(ref SegmentRef) []string {
+	return []string{s.segKey(ref.RentalID, ref.Attempt), s.lostKey(ref.RentalID), s.dueKey(), s.attKey(ref.RentalID)}
+}
+
+func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
+
+type scriptCall struct {
+	keys []string
+	args []any
+}
+
+// pipelined runs script once per call, all in one pipeline (one round
+// trip), and returns each call's reply; it loads the script first when
+// Redis lost its cache. Only a failure of the connection is returned as
+// an error; a script's own error is in its reply.
+func (s *Store) pipelined(ctx context.Context, script *redis.Script, calls []scriptCall) ([]*redis.Cmd, error) {
+	run := func() ([]*redis.Cmd, error) {
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(calls))
+		for i, c := range calls {
+			cmds[i] = script.EvalSha(ctx, pipe, c.keys, c.args...)
+		}
+		_, err := pipe.Exec(ctx)
+		return cmds, err
+	}
+	cmds, err := run()
+	if isNoScript(err) {
+		if err := script.Load(ctx, s.rdb).Err(); err != nil {
+			return nil, err
+		}
+		cmds, err = run()
+	}
+	if err != nil && ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && err != redis.Nil && !isScriptError(err) {
+			return nil, err
+		}
+	}
+	return cmds, nil
+}
+
+// isScriptError is an error a script raised, as opposed to a connection's.
+func isScriptError(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr)
+}
+
+func (s *Store) merge(ctx context.Context, ev SegmentEvent) (ledger.SegmentState, error) {
+	args := []any{ev.Ref.member(), ev.Ref.Attempt}
+	if ev.mode != "" {
+		args = append(args, ev.mode, ev.due, len(ev.fields)/2)
+		args = append(args, ev.fields...)
+	}
+	out, err := s.pipe.run(ctx, mergeScript, s.segmentKeys(ev.Ref), args...)
+	if err != nil {
+		return ledger.SegmentState{}, fmt.Errorf("segment %s: %w", ev.Ref.member(), err)
+	}
+	return parseReply(ev.Ref, out)
+}
+
+func segmentReply(ref SegmentRef, cmd *redis.Cmd) (ledger.SegmentState, error) {
+	out, err := cmd.Result()
 	if err != nil {
 		return ledger.SegmentState{}, fmt.Errorf("segment %s: %w", ref.member(), err)
 	}
+	return parseReply(ref, out)
+}
+
+func parseReply(ref SegmentRef, out any) (ledger.SegmentState, error) {
 	res, ok := out.([]any)
 	if !ok || len(res) != 2 {
 		return ledger.SegmentState{}, fmt.Errorf("segment %s: unexpected reply %v", ref.member(), out)
@@ -104,7 +261,9 @@ func (s *Store) merge(ctx context.Context, ref SegmentRef, mode string, due time
 	flat, _ := res[0].([]any)
 	h := make(map[string]string, len(flat)/2)
 	for i := 0; i+1 < len(flat); i += 2 {
-		h[fmt.Sprint(flat[i])] = fmt.Sprint(flat[i+1])
+		k, _ := flat[i].(string)
+		v, _ := flat[i+1].(string)
+		h[k] = v
 	}
 	lost, _ := res[1].(string)
 	return parseSegment(ref, h, lost)
@@ -113,28 +272,23 @@ func (s *Store) merge(ctx context.Context, ref SegmentRef, mode string, due time
 // Scheduled records the pricing facts of a placement and returns what is
 // known of it.
 func (s *Store) Scheduled(ctx context.Context, st ledger.SegmentState) (ledger.SegmentState, error) {
-	labels, err := json.Marshal(st.Labels)
+	ev, err := ScheduledEvent(st)
 	if err != nil {
 		return st, err
 	}
-	f := []any{"sched", 1, "tenant", st.TenantID, "node", st.NodeID, "plan", int32(st.Plan),
-		"model", st.Model, "zone", st.Zone, "gpus", st.GPUCount, "milli", st.MilliGPU, "labels", labels}
-	if st.MaxSpot != nil {
-		f = append(f, "maxspot", st.MaxSpot.Micros, "maxspotcur", st.MaxSpot.Currency)
-	}
-	return s.merge(ctx, SegmentRef{RentalID: st.RentalID, Attempt: st.Attempt}, "sched", time.Time{}, f...)
+	return s.merge(ctx, ev)
 }
 
 // Started records the start of a placement, makes it due for closing at
 // due (unless it already is) and returns what is known of it. The first
 // start reported wins.
 func (s *Store) Started(ctx context.Context, ref SegmentRef, node string, at, due time.Time) (ledger.SegmentState, error) {
-	return s.merge(ctx, ref, "start", due, "start", nanos(at), "startnode", node)
+	return s.merge(ctx, StartedEvent(ref, node, at, due))
 }
 
 // Stopped records the end of a placement and returns what is known of it.
 func (s *Store) Stopped(ctx context.Context, ref SegmentRef, startedAt, stoppedAt time.Time, reason shizuv1.ExitReason) (ledger.SegmentState, error) {
-	return s.merge(ctx, ref, "stop", stoppedAt, "sstart", nanos(startedAt), "stop", nanos(stoppedAt), "exit", int32(reason))
+	return s.merge(ctx, StoppedEvent(ref, startedAt, stoppedAt, reason))
 }
 
 // Lost records the last heartbeat of the node that placement attempt of a
@@ -152,7 +306,7 @@ return 1`)
 
 // Segment loads what is known of a placement.
 func (s *Store) Segment(ctx context.Context, ref SegmentRef) (ledger.SegmentState, error) {
-	return s.merge(ctx, ref, "get", time.Time{})
+	return s.merge(ctx, SegmentEvent{Ref: ref})
 }
 
 func parseSegment(ref SegmentRef, h map[string]string, lost string) (ledger.SegmentState, error) {
@@ -193,15 +347,49 @@ func parseSegment(ref SegmentRef, h map[string]string, lost string) (ledger.Segm
 }
 
 // Advance moves a segment's cursor forward (never back) and schedules its
-// next closing at due, or, when finished, takes it off the due list.
-func (s *Store) Advance(ctx context.Context, ref SegmentRef, cursor time.Time, due time.Time, finished bool) error {
+// next closing at Due, or, when Finished, takes it off the due list.
+type Advance struct {
+	Ref      SegmentRef
+	Cursor   time.Time
+	Due      time.Time
+	Finished bool
+}
+
+func (s *Store) advanceCall(a Advance) scriptCall {
 	fin := "0"
-	if finished {
+	if a.Finished {
 		fin = "1"
 	}
-	_, err := s.pipe.run(ctx, advanceScript, []string{s.segKey(ref.RentalID, ref.Attempt), s.dueKey()},
-		nanos(cursor), strconv.FormatInt(due.Unix(), 10), ref.member(), fin)
+	return scriptCall{keys: []string{s.segKey(a.Ref.RentalID, a.Ref.Attempt), s.dueKey()},
+		args: []any{nanos(a.Cursor), strconv.FormatInt(a.Due.Unix(), 10), a.Ref.member(), fin}}
+}
+
+// Advance applies one Advance.
+func (s *Store) Advance(ctx context.Context, a Advance) error {
+	c := s.advanceCall(a)
+	_, err := s.pipe.run(ctx, advanceScript, c.keys, c.args...)
 	return err
+}
+
+// AdvanceAll applies advances in one pipeline.
+func (s *Store) AdvanceAll(ctx context.Context, as []Advance) error {
+	if len(as) == 0 {
+		return nil
+	}
+	calls := make([]scriptCall, len(as))
+	for i, a := range as {
+		calls[i] = s.advanceCall(a)
+	}
+	cmds, err := s.pipelined(ctx, advanceScript, calls)
+	if err != nil {
+		return err
+	}
+	for i, c := range cmds {
+		if err := c.Err(); err != nil {
+			return fmt.Errorf("advance %s: %w", as[i].Ref.member(), err)
+		}
+	}
+	return nil
 }
 
 var advanceScript = redis.NewScript(`
