@@ -134,7 +134,7 @@ func Services() []Service {
 		},
 		{
 			Name:      Metering,
-			Publishes: []string{subject.UsageRecordedAll, subject.InvoiceClosedAll},
+			Publishes: []string{subject.UsageRecordedAll, subject.UsageBudgetCrossedAll, subject.InvoiceClosedAll},
 			Consumers: []bus.Consumer{
 				// RentalScheduled carries the spec, model and zone a rental is
 				// priced by; started/stopped carry the billing times.

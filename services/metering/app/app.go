@@ -9,10 +9,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"time"
 
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
 	"github.com/shizu-gpu/shizu/services/metering/pricing"
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
@@ -163,13 +165,35 @@ func (a Accounts) Validate(cat *pricing.Catalogue) error {
 			errs = append(errs, fmt.Errorf("commitments[%d]: %w", i, err))
 		}
 	}
+	tenants := map[string]bool{}
 	for i, b := range a.Budgets {
 		if b.TenantID == "" || b.Currency != cat.Currency {
 			errs = append(errs, fmt.Errorf("budgets[%d]: needs a tenant_id and the catalogue's currency %s", i, cat.Currency))
 		}
+		if tenants[b.TenantID] {
+			errs = append(errs, fmt.Errorf("budgets[%d]: tenant %s has a budget already", i, b.TenantID))
+		}
+		tenants[b.TenantID] = true
+		if err := shizuv1.ValidToken(b.Name()); err != nil {
+			errs = append(errs, fmt.Errorf("budgets[%d]: id: %w", i, err))
+		}
+		if len(b.ThresholdsMicros)+len(b.ThresholdsPercent) == 0 {
+			errs = append(errs, fmt.Errorf("budgets[%d]: no thresholds_micros nor thresholds_percent", i))
+		}
 		for _, t := range b.ThresholdsMicros {
 			if t <= 0 {
 				errs = append(errs, fmt.Errorf("budgets[%d]: threshold %d must be positive", i, t))
+			}
+		}
+		if b.AmountMicros < 0 || b.AmountMicros > math.MaxInt64/1000 {
+			errs = append(errs, fmt.Errorf("budgets[%d]: amount_micros %d is out of range 0..%d", i, b.AmountMicros, int64(math.MaxInt64/1000)))
+		}
+		if len(b.ThresholdsPercent) > 0 && b.AmountMicros <= 0 {
+			errs = append(errs, fmt.Errorf("budgets[%d]: thresholds_percent need a positive amount_micros", i))
+		}
+		for _, p := range b.ThresholdsPercent {
+			if p < 1 || p > 1000 {
+				errs = append(errs, fmt.Errorf("budgets[%d]: threshold %d %% is out of range 1..1000", i, p))
 			}
 		}
 	}

@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
@@ -323,45 +325,108 @@ func (m *Meter) onUsage(ctx context.Context, ds []bus.Delivery) []error {
 		}
 		return out
 	}
-	var fresh, dup int64
+	var fresh int64
+	type period struct{ tenant, month string }
+	spends := map[period]int64{}
+	recordsOf := map[period][]int{}
 	for j, a := range applied {
 		if a.New {
 			fresh++
-		} else {
-			dup++
 		}
-		if err := m.checkBudget(ctx, recs[j], a); err != nil {
-			out[idx[j]] = err
+		ev := recs[j]
+		if b, ok := m.accounts.budget(ev.GetTenantId()); !ok || b.Currency != ev.GetAmount().GetCurrency() {
+			continue
 		}
+		k := period{ev.GetTenantId(), ev.GetIntervalStart().AsTime().UTC().Format("2006-01")}
+		spends[k] = max(spends[k], a.MonthAfter)
+		recordsOf[k] = append(recordsOf[k], idx[j])
 	}
 	m.metrics.applied.Add(ctx, fresh)
-	m.metrics.duplicates.Add(ctx, dup)
+	m.metrics.duplicates.Add(ctx, int64(len(applied))-fresh)
+	for k, spent := range spends {
+		budget, _ := m.accounts.budget(k.tenant)
+		if err := m.alertBudget(ctx, budget, k.month, spent); err != nil {
+			for _, i := range recordsOf[k] {
+				out[i] = err
+			}
+		}
+	}
 	return out
 }
 
-// checkBudget alerts the budget thresholds of the record's tenant that its
-// month's spend has reached.
-func (m *Meter) checkBudget(ctx context.Context, ev *shizuv1.UsageRecorded, applied redisstore.Applied) error {
-	if !applied.New {
+// alertBudget publishes a BudgetThresholdCrossed for every threshold of
+// budget that the tenant's spend in month has reached and that has not
+// been alerted yet, then marks them alerted. It looks at the spend, not at
+// the record that moved it, so a crossing whose alert failed is alerted on
+// the redelivery. The event id is deterministic
+// (budget:<tenant>:<budget>:<month>:<threshold micros>): two replicas, or a
+// crash between publishing and marking, publish it again under the same
+// id, which the stream stores once.
+func (m *Meter) alertBudget(ctx context.Context, budget ledger.Budget, month string, spent int64) error {
+	reached := budget.Reached(spent)
+	if len(reached) == 0 {
 		return nil
 	}
-	budget, ok := m.accounts.budget(ev.GetTenantId())
-	if !ok || budget.Currency != ev.GetAmount().GetCurrency() {
+	done, err := m.store.Alerts(ctx, budget.TenantID, month)
+	if err != nil {
+		return err
+	}
+	var todo []ledger.Threshold
+	for _, t := range reached {
+		if !slices.Contains(done, t.Micros) {
+			todo = append(todo, t)
+		}
+	}
+	if len(todo) == 0 {
 		return nil
 	}
-	month := ev.GetIntervalStart().AsTime().UTC().Format("2006-01")
-	for _, t := range budget.Crossed(applied.MonthBefore, applied.MonthAfter) {
-		first, err := m.store.Alert(ctx, ev.GetTenantId(), month, t)
+	start, err := time.Parse("2006-01", month)
+	if err != nil {
+		return err
+	}
+	subj, err := subject.Format(subject.UsageBudgetCrossed, budget.TenantID)
+	if err != nil {
+		return fault.Invalid("budget of %s: %v", budget.TenantID, err)
+	}
+	batch := m.conn.NewBatch()
+	for _, t := range todo {
+		if err := batch.Publish(ctx, subj, budgetCrossed(budget, t, start, spent, m.now(), m.source)); err != nil {
+			return err
+		}
+	}
+	if _, err := batch.Wait(ctx); err != nil {
+		return fmt.Errorf("publish budget crossing of %s: %w", budget.TenantID, err)
+	}
+	for _, t := range todo {
+		first, err := m.store.Alert(ctx, budget.TenantID, month, t.Micros)
 		if err != nil {
 			return err
 		}
 		if first {
 			m.metrics.budget.Add(ctx, 1)
-			m.log.WarnContext(ctx, "budget threshold crossed", "tenant", ev.GetTenantId(), "month", month,
-				"threshold_micros", t, "spend_micros", applied.MonthAfter, "currency", budget.Currency)
+			m.log.WarnContext(ctx, "budget threshold crossed", "tenant", budget.TenantID, "budget", budget.Name(), "month", month,
+				"threshold_micros", t.Micros, "threshold_percent", t.Percent, "spend_micros", spent, "currency", budget.Currency)
 		}
 	}
 	return nil
+}
+
+// budgetCrossed is the event of a budget's threshold t reached by spent in
+// the month starting at start.
+func budgetCrossed(b ledger.Budget, t ledger.Threshold, start time.Time, spent int64, now time.Time, source string) *shizuv1.BudgetThresholdCrossed {
+	id := "budget:" + b.TenantID + ":" + b.Name() + ":" + start.Format("2006-01") + ":" + strconv.FormatInt(t.Micros, 10)
+	ev := &shizuv1.BudgetThresholdCrossed{
+		Meta:     &shizuv1.EventMeta{EventId: id, OccurredAt: timestamppb.New(now), Source: source, CorrelationId: b.TenantID},
+		TenantId: b.TenantID, BudgetId: b.Name(),
+		PeriodStart: timestamppb.New(start), PeriodEnd: timestamppb.New(start.AddDate(0, 1, 0)),
+		Threshold:        &shizuv1.Money{Micros: t.Micros, Currency: b.Currency},
+		ThresholdPercent: t.Percent,
+		Spent:            &shizuv1.Money{Micros: spent, Currency: b.Currency},
+	}
+	if t.Percent != 0 {
+		ev.BudgetAmount = &shizuv1.Money{Micros: b.AmountMicros, Currency: b.Currency}
+	}
+	return ev
 }
 
 // tariff is what seg is priced at.

@@ -31,7 +31,8 @@ type Applied struct {
 	// New is false when the record had been applied before.
 	New bool
 	// MonthBefore and MonthAfter are the tenant's spend in the record's
-	// month and currency around this record.
+	// month and currency around this record (both the spend now when the
+	// record had been applied before).
 	MonthBefore, MonthAfter int64
 }
 
@@ -42,7 +43,10 @@ if gen == '' then gen = redis.call('GET', p .. 'agg:gen') or '0' end
 p = p .. 'agg:' .. gen .. ':'
 local id, day, month, tenant, rental, pm, cur = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local micros, mgs, secs = ARGV[10], ARGV[11], ARGV[12]
-if redis.call('SADD', p .. 'seen:' .. day, id) == 0 then return {0, '0', '0'} end
+if redis.call('SADD', p .. 'seen:' .. day, id) == 0 then
+  local spent = redis.call('HGET', p .. 'month:' .. tenant, month .. '|' .. cur) or '0'
+  return {0, spent, spent}
+end
 local before = redis.call('HGET', p .. 'month:' .. tenant, month .. '|' .. cur) or '0'
 local after = redis.call('HINCRBY', p .. 'month:' .. tenant, month .. '|' .. cur, micros)
 redis.call('HINCRBY', p .. 'tenant:' .. tenant, cur, micros)
