@@ -71,34 +71,43 @@ func parseMember(m string) (SegmentRef, error) {
 
 func nanos(t time.Time) string { return strconv.FormatInt(t.UnixNano(), 10) }
 
-// mergeScript merges the fields of one or more events of a segment (in
-// order) and returns the segment's hash and the last heartbeat of the node
-// this placement was lost on, if it was, in one round trip.
+// mergeScript merges the fields of the events of one or more segments (in
+// order) and returns, per segment, its hash and the last heartbeat of the
+// node this placement was lost on, if it was: a batch of events is one
+// script call.
 //
-//	KEYS: seg, lost, due, attempts
-//	ARGV: due member, attempt, then per event: mode (sched|start|stop),
-//	      due score, n, n field/value pairs
+//	KEYS: due, then per segment: seg, lost, attempts
+//	ARGV: per segment: due member, attempt, number of events, then per
+//	      event: mode (sched|start|stop), due score, n, n field/value pairs
 //
 // A start sets only the fields not set yet (the first start reported
 // wins); the other events overwrite theirs with the same values on a
 // redelivery.
 var mergeScript = redis.NewScript(`
-local i = 3
+local out = {}
+local i = 1
+local k = 2
 while i <= #ARGV do
-  local mode, due, n = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2])
-  local first, last = i + 3, i + 2 + 2 * n
-  if mode == 'start' then
-    for j = first, last, 2 do redis.call('HSETNX', KEYS[1], ARGV[j], ARGV[j+1]) end
-  elseif n > 0 then
-    redis.call('HSET', KEYS[1], unpack(ARGV, first, last))
+  local seg, lost, att = KEYS[k], KEYS[k+1], KEYS[k+2]
+  local member, attempt, events = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2])
+  i = i + 3
+  for _ = 1, events do
+    local mode, due, n = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2])
+    local first, last = i + 3, i + 2 + 2 * n
+    if mode == 'start' then
+      for j = first, last, 2 do redis.call('HSETNX', seg, ARGV[j], ARGV[j+1]) end
+    elseif n > 0 then
+      redis.call('HSET', seg, unpack(ARGV, first, last))
+    end
+    if mode == 'start' or mode == 'stop' then redis.call('ZADD', KEYS[1], 'NX', due, member) end
+    if mode == 'start' or mode == 'sched' then redis.call('SADD', att, attempt) end
+    i = last + 1
   end
-  if mode == 'start' or mode == 'stop' then redis.call('ZADD', KEYS[3], 'NX', due, ARGV[1]) end
-  if mode == 'start' or mode == 'sched' then redis.call('SADD', KEYS[4], ARGV[2]) end
-  i = last + 1
+  out[#out+1] = redis.call('HGETALL', seg)
+  out[#out+1] = redis.call('HGET', lost, attempt) or false
+  k = k + 3
 end
-local h = redis.call('HGETALL', KEYS[1])
-local lost = redis.call('HGET', KEYS[2], ARGV[2])
-return {h, lost}`)
+return out`)
 
 // SegmentEvent is one event's change to a segment, for MergeSegments.
 type SegmentEvent struct {
@@ -143,38 +152,47 @@ func StoppedEvent(ref SegmentRef, startedAt, stoppedAt time.Time, reason shizuv1
 // only loaded.
 func (s *Store) MergeSegments(ctx context.Context, events []SegmentEvent) ([]ledger.SegmentState, error) {
 	type group struct {
-		ref  SegmentRef
-		args []any
+		ref    SegmentRef
+		events []SegmentEvent
 	}
 	var groups []*group
 	byRef := make(map[SegmentRef]*group, len(events))
 	for _, ev := range events {
 		g, ok := byRef[ev.Ref]
 		if !ok {
-			g = &group{ref: ev.Ref, args: []any{ev.Ref.member(), ev.Ref.Attempt}}
+			g = &group{ref: ev.Ref}
 			byRef[ev.Ref] = g
 			groups = append(groups, g)
 		}
-		if ev.mode == "" {
-			continue
+		if ev.mode != "" {
+			g.events = append(g.events, ev)
 		}
-		g.args = append(g.args, ev.mode, ev.due, len(ev.fields)/2)
-		g.args = append(g.args, ev.fields...)
 	}
 	if len(groups) == 0 {
 		return nil, nil
 	}
-	calls := make([]scriptCall, len(groups))
-	for i, g := range groups {
-		calls[i] = scriptCall{keys: s.segmentKeys(g.ref), args: g.args}
+	keys := make([]string, 0, 1+3*len(groups))
+	keys = append(keys, s.dueKey())
+	args := make([]any, 0, 3*len(groups)+3*len(events)+8*len(events))
+	for _, g := range groups {
+		keys = append(keys, s.segKey(g.ref.RentalID, g.ref.Attempt), s.lostKey(g.ref.RentalID), s.attKey(g.ref.RentalID))
+		args = append(args, g.ref.member(), g.ref.Attempt, len(g.events))
+		for _, ev := range g.events {
+			args = append(args, ev.mode, ev.due, len(ev.fields)/2)
+			args = append(args, ev.fields...)
+		}
 	}
-	cmds, err := s.pipelined(ctx, mergeScript, calls)
+	reply, err := mergeScript.Run(ctx, s.rdb, keys, args...).Result()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("merge %d segments: %w", len(groups), err)
+	}
+	res, ok := reply.([]any)
+	if !ok || len(res) != 2*len(groups) {
+		return nil, fmt.Errorf("merge %d segments: unexpected reply of %d values", len(groups), len(res))
 	}
 	out := make([]ledger.SegmentState, len(groups))
 	for i, g := range groups {
-		st, err := segmentReply(g.ref, cmds[i])
+		st, err := parseReply(g.ref, res[2*i:2*i+2])
 		if err != nil {
 			return nil, err
 		}
@@ -183,74 +201,19 @@ func (s *Store) MergeSegments(ctx context.Context, events []SegmentEvent) ([]led
 	return out, nil
 }
 
-func (s *Store) segmentKeys(ref SegmentRef) []string {
-	return []string{s.segKey(ref.RentalID, ref.Attempt), s.lostKey(ref.RentalID), s.dueKey(), s.attKey(ref.RentalID)}
-}
-
-func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
-
-type scriptCall struct {
-	keys []string
-	args []any
-}
-
-// pipelined runs script once per call, all in one pipeline (one round
-// trip), and returns each call's reply; it loads the script first when
-// Redis lost its cache. Only a failure of the connection is returned as
-// an error; a script's own error is in its reply.
-func (s *Store) pipelined(ctx context.Context, script *redis.Script, calls []scriptCall) ([]*redis.Cmd, error) {
-	run := func() ([]*redis.Cmd, error) {
-		pipe := s.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(calls))
-		for i, c := range calls {
-			cmds[i] = script.EvalSha(ctx, pipe, c.keys, c.args...)
-		}
-		_, err := pipe.Exec(ctx)
-		return cmds, err
-	}
-	cmds, err := run()
-	if isNoScript(err) {
-		if err := script.Load(ctx, s.rdb).Err(); err != nil {
-			return nil, err
-		}
-		cmds, err = run()
-	}
-	if err != nil && ctx.Err() != nil {
-		return nil, ctx.Err()
-	}
-	for _, c := range cmds {
-		if err := c.Err(); err != nil && err != redis.Nil && !isScriptError(err) {
-			return nil, err
-		}
-	}
-	return cmds, nil
-}
-
-// isScriptError is an error a script raised, as opposed to a connection's.
-func isScriptError(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr)
-}
-
 func (s *Store) merge(ctx context.Context, ev SegmentEvent) (ledger.SegmentState, error) {
-	args := []any{ev.Ref.member(), ev.Ref.Attempt}
+	keys := []string{s.dueKey(), s.segKey(ev.Ref.RentalID, ev.Ref.Attempt), s.lostKey(ev.Ref.RentalID), s.attKey(ev.Ref.RentalID)}
+	args := []any{ev.Ref.member(), ev.Ref.Attempt, 0}
 	if ev.mode != "" {
+		args[2] = 1
 		args = append(args, ev.mode, ev.due, len(ev.fields)/2)
 		args = append(args, ev.fields...)
 	}
-	out, err := s.pipe.run(ctx, mergeScript, s.segmentKeys(ev.Ref), args...)
+	out, err := s.pipe.run(ctx, mergeScript, keys, args...)
 	if err != nil {
 		return ledger.SegmentState{}, fmt.Errorf("segment %s: %w", ev.Ref.member(), err)
 	}
 	return parseReply(ev.Ref, out)
-}
-
-func segmentReply(ref SegmentRef, cmd *redis.Cmd) (ledger.SegmentState, error) {
-	out, err := cmd.Result()
-	if err != nil {
-		return ledger.SegmentState{}, fmt.Errorf("segment %s: %w", ref.member(), err)
-	}
-	return parseReply(ref, out)
 }
 
 func parseReply(ref SegmentRef, out any) (ledger.SegmentState, error) {
@@ -355,51 +318,55 @@ type Advance struct {
 	Finished bool
 }
 
-func (s *Store) advanceCall(a Advance) scriptCall {
+func (s *Store) advanceArgs(keys []string, args []any, a Advance) ([]string, []any) {
 	fin := "0"
 	if a.Finished {
 		fin = "1"
 	}
-	return scriptCall{keys: []string{s.segKey(a.Ref.RentalID, a.Ref.Attempt), s.dueKey()},
-		args: []any{nanos(a.Cursor), strconv.FormatInt(a.Due.Unix(), 10), a.Ref.member(), fin}}
+	return append(keys, s.segKey(a.Ref.RentalID, a.Ref.Attempt)),
+		append(args, nanos(a.Cursor), strconv.FormatInt(a.Due.Unix(), 10), a.Ref.member(), fin)
 }
 
 // Advance applies one Advance.
 func (s *Store) Advance(ctx context.Context, a Advance) error {
-	c := s.advanceCall(a)
-	_, err := s.pipe.run(ctx, advanceScript, c.keys, c.args...)
+	keys, args := s.advanceArgs([]string{s.dueKey()}, nil, a)
+	_, err := s.pipe.run(ctx, advanceScript, keys, args...)
 	return err
 }
 
-// AdvanceAll applies advances in one pipeline.
+// AdvanceAll applies advances in one script call.
 func (s *Store) AdvanceAll(ctx context.Context, as []Advance) error {
 	if len(as) == 0 {
 		return nil
 	}
-	calls := make([]scriptCall, len(as))
-	for i, a := range as {
-		calls[i] = s.advanceCall(a)
+	keys := make([]string, 0, 1+len(as))
+	keys = append(keys, s.dueKey())
+	args := make([]any, 0, 4*len(as))
+	for _, a := range as {
+		keys, args = s.advanceArgs(keys, args, a)
 	}
-	cmds, err := s.pipelined(ctx, advanceScript, calls)
-	if err != nil {
-		return err
-	}
-	for i, c := range cmds {
-		if err := c.Err(); err != nil {
-			return fmt.Errorf("advance %s: %w", as[i].Ref.member(), err)
-		}
+	if err := advanceScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+		return fmt.Errorf("advance %d segments: %w", len(as), err)
 	}
 	return nil
 }
 
+// advanceScript moves cursors forward (never back) and reschedules or
+// finishes segments.
+//
+//	KEYS: due, then one segment per advance
+//	ARGV: per advance: cursor, due score, due member, finished (0|1)
 var advanceScript = redis.NewScript(`
-local cur = redis.call('HGET', KEYS[1], 'cursor')
-if (not cur) or tonumber(ARGV[1]) > tonumber(cur) then redis.call('HSET', KEYS[1], 'cursor', ARGV[1]) end
-if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[1], 'done', 1)
-  redis.call('ZREM', KEYS[2], ARGV[3])
-else
-  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+for n = 2, #KEYS do
+  local seg, i = KEYS[n], 4 * (n - 2) + 1
+  local cur = redis.call('HGET', seg, 'cursor')
+  if (not cur) or tonumber(ARGV[i]) > tonumber(cur) then redis.call('HSET', seg, 'cursor', ARGV[i]) end
+  if ARGV[i+3] == '1' then
+    redis.call('HSET', seg, 'done', 1)
+    redis.call('ZREM', KEYS[1], ARGV[i+2])
+  else
+    redis.call('ZADD', KEYS[1], ARGV[i+1], ARGV[i+2])
+  end
 end
 return 1`)
 
