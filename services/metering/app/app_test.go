@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -20,6 +21,7 @@ import (
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/app"
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
+	"github.com/shizu-gpu/shizu/services/metering/pricing"
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/subject"
@@ -667,5 +669,74 @@ func TestBudgetCrossingsArePublishedOncePerThresholdAndPeriod(t *testing.T) {
 	alerted, err := store.Alerts(context.Background(), "t0", "2026-11")
 	if err != nil || len(alerted) != 3 {
 		t.Fatalf("alerted %v (%v), want the three thresholds marked again", alerted, err)
+	}
+}
+
+// Before a zone's first spot price, spot seconds are billed at the
+// catalogue's spot default of the model (not its list price), and the
+// tenant's maximum is compared with that default.
+func TestSpotBeforeTheFirstMarketPriceIsBilledAtTheCataloguesSpotDefault(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("../pricing/catalogue.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range doc["instance_types"].([]any) {
+		if it := it.(map[string]any); it["model"] == "H100-SXM5-80GB" {
+			it["spot_default_price_per_gpu_hour_micros"] = 1_080_000 // 300 µ a GPU-second; list is 2,490,000
+		}
+	}
+	cat := filepath.Join(t.TempDir(), "catalogue.json")
+	if data, err = json.Marshal(doc); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cat, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t)
+	cfg := testConfig()
+	cfg.CataloguePath = cat
+	e.startMeter(t, cfg, fixed(base))
+	spot := func(id string, maxMicros int64) rental {
+		return rental{id: id, tenant: "t1", model: "H100-SXM5-80GB", zone: "eu-9", plan: shizuv1.Plan_PLAN_SPOT, gpus: 2, milli: 1000,
+			maxSpot: &pricing.Money{Micros: maxMicros, Currency: "USD"}, labels: map[string]string{"team": "nlp"},
+			segs: []seg{{node: "node-3", start: base, stop: base.Add(10 * time.Minute), exit: shizuv1.ExitReason_EXIT_REASON_COMPLETED}}}
+	}
+	// Capped between the default and the list price, and capped below the
+	// default; no market price of eu-9 is ever published.
+	e.publish(t, allEvents([]rental{spot("s-above", 1_500_000), spot("s-below", 1_000_000)}))
+	store := redisstore.New(e.rdb, cfg.KeyPrefix)
+	testkit.Eventually(t, 30*time.Second, func() error {
+		for _, c := range consumers() {
+			cons, err := e.pub.JetStream().Consumer(context.Background(), c.Stream, c.Durable)
+			if err != nil {
+				return err
+			}
+			info, err := cons.Info(context.Background())
+			if err != nil {
+				return err
+			}
+			if info.NumPending > 0 || info.NumAckPending > 0 {
+				return fmt.Errorf("%s: %d pending", c.Durable, info.NumPending+uint64(info.NumAckPending))
+			}
+		}
+		if micros, _, err := store.Rental(context.Background(), "s-above"); err != nil || micros == 0 {
+			return fmt.Errorf("s-above not billed yet (%v)", err)
+		}
+		return nil
+	})
+	above, _, err := store.Rental(context.Background(), "s-above")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if above != 2*600*300 {
+		t.Fatalf("10 minutes of 2 GPUs billed %d µ, want %d (the spot default, not the list price)", above, 2*600*300)
+	}
+	if below, _, err := store.Rental(context.Background(), "s-below"); err != nil || below != 0 {
+		t.Fatalf("a rental capped below the spot default billed %d µ (%v), want nothing", below, err)
 	}
 }

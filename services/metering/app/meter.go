@@ -446,6 +446,10 @@ func (m *Meter) tariff(ctx context.Context, seg ledger.Segment) (ledger.Tariff, 
 			t.Base = rate
 		}
 	case shizuv1.Plan_PLAN_SPOT:
+		// Before the zone's first market price: the catalogue's spot default.
+		if t.Base, err = m.cat.SpotDefault(seg.Model); err != nil {
+			return ledger.Tariff{}, fault.Invalid("rental %s: %v", seg.RentalID, err)
+		}
 		var until time.Time
 		if seg.Ended() {
 			until = seg.End
