@@ -138,6 +138,7 @@ func BenchmarkIngest(b *testing.B) {
 		b.ReportMetric(used/float64(len(evs))*1e6, "cpu-µs/event")
 		b.ReportMetric(rawCPU/float64(len(evs))*1e6, "raw-cpu-µs/event")
 		b.ReportMetric(2/(used/float64(len(evs))), "events/s-per-2-cores")
+		b.ReportMetric(rawCPU/used, "cpu-ratio") // raw consume's CPU per event / the pipeline's
 		got, msgs := e.billed(b)
 		if len(got) != rentals || msgs != rentals {
 			b.Fatalf("%d records in %d messages, want %d", len(got), msgs, rentals)
