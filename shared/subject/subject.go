@@ -81,17 +81,20 @@ const (
 	FleetPool                  = "fleet"
 )
 
-// Money: usage.<tenant>.recorded, invoice.<tenant>.closed, and the spot
-// market feed spot.<zone>.<model>.price.
+// Money: usage.<tenant>.recorded, usage.<tenant>.budget_crossed,
+// invoice.<tenant>.closed, and the spot market feed
+// spot.<zone>.<model>.price.
 const (
-	UsageAll            = "usage.>"
-	UsageRecordedAll    = "usage.*.recorded"
-	UsageRecorded       = "usage.%s.recorded"
-	InvoiceAll          = "invoice.>"
-	InvoiceClosedAll    = "invoice.*.closed"
-	InvoiceClosed       = "invoice.%s.closed"
-	SpotPriceChangedAll = "spot.*.*.price"
-	SpotPriceChanged    = "spot.%s.%s.price"
+	UsageAll              = "usage.>"
+	UsageRecordedAll      = "usage.*.recorded"
+	UsageRecorded         = "usage.%s.recorded"
+	UsageBudgetCrossedAll = "usage.*.budget_crossed"
+	UsageBudgetCrossed    = "usage.%s.budget_crossed"
+	InvoiceAll            = "invoice.>"
+	InvoiceClosedAll      = "invoice.*.closed"
+	InvoiceClosed         = "invoice.%s.closed"
+	SpotPriceChangedAll   = "spot.*.*.price"
+	SpotPriceChanged      = "spot.%s.%s.price"
 )
 
 // Dead letters: dlq.<stream>.<consumer>. The server's advisory that a

@@ -134,16 +134,17 @@ func Services() []Service {
 		},
 		{
 			Name:      Metering,
-			Publishes: []string{subject.UsageRecordedAll, subject.InvoiceClosedAll},
+			Publishes: []string{subject.UsageRecordedAll, subject.UsageBudgetCrossedAll, subject.InvoiceClosedAll},
 			Consumers: []bus.Consumer{
 				// RentalScheduled carries the spec, model and zone a rental is
 				// priced by; started/stopped carry the billing times.
-				{Stream: StreamRentals, Durable: "metering",
+				// Both are handled in batches (up to 4 × 500 in flight).
+				{Stream: StreamRentals, Durable: "metering", MaxAckPending: 4000,
 					FilterSubjects: []string{subject.RentalScheduledAll, subject.RentalStartedAll, subject.RentalStoppedAll,
 						subject.RentalPreemptedAll, subject.RentalMigratingAll, subject.RentalMigratedAll}},
 				{Stream: StreamMarket, Durable: "metering-spot", FilterSubjects: []string{subject.SpotPriceChangedAll}},
 				// Metering's own usage records, folded into the Redis aggregates.
-				{Stream: StreamBilling, Durable: "metering-usage", FilterSubjects: []string{subject.UsageRecordedAll}},
+				{Stream: StreamBilling, Durable: "metering-usage", MaxAckPending: 4000, FilterSubjects: []string{subject.UsageRecordedAll}},
 			},
 		},
 		{

@@ -370,6 +370,130 @@ func (x *InvoiceClosed) GetTotal() *Money {
 	return nil
 }
 
+// BudgetThresholdCrossed: a tenant's spend in a budget period reached one
+// of the thresholds the tenant set. Published by metering on
+// usage.<tenant_id>.budget_crossed, once per threshold and period.
+type BudgetThresholdCrossed struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Envelope; event_id is deterministic:
+	// "budget:<tenant_id>:<budget_id>:<period_start as YYYY-MM>:<threshold micros>",
+	// so replicas and redeliveries publish one event.
+	Meta *EventMeta `protobuf:"bytes,1,opt,name=meta,proto3" json:"meta,omitempty"`
+	// Tenant whose spend crossed the threshold.
+	TenantId string `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The tenant's budget this threshold belongs to.
+	BudgetId string `protobuf:"bytes,3,opt,name=budget_id,json=budgetId,proto3" json:"budget_id,omitempty"`
+	// Start of the budget period (a calendar month, inclusive).
+	PeriodStart *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=period_start,json=periodStart,proto3" json:"period_start,omitempty"`
+	// End of the budget period (exclusive); after period_start.
+	PeriodEnd *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=period_end,json=periodEnd,proto3" json:"period_end,omitempty"`
+	// The threshold reached; positive.
+	Threshold *Money `protobuf:"bytes,6,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	// The threshold as a percentage of the budget's amount (1..1000), or 0
+	// when the tenant set it as an absolute spend.
+	ThresholdPercent int32 `protobuf:"varint,7,opt,name=threshold_percent,json=thresholdPercent,proto3" json:"threshold_percent,omitempty"`
+	// The budget's amount, when the tenant set one (thresholds in percent).
+	BudgetAmount *Money `protobuf:"bytes,8,opt,name=budget_amount,json=budgetAmount,proto3" json:"budget_amount,omitempty"`
+	// Spend in the period when the crossing was seen: at least threshold, in
+	// its currency.
+	Spent         *Money `protobuf:"bytes,9,opt,name=spent,proto3" json:"spent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BudgetThresholdCrossed) Reset() {
+	*x = BudgetThresholdCrossed{}
+	mi := &file_shizu_v1_billing_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BudgetThresholdCrossed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BudgetThresholdCrossed) ProtoMessage() {}
+
+func (x *BudgetThresholdCrossed) ProtoReflect() protoreflect.Message {
+	mi := &file_shizu_v1_billing_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BudgetThresholdCrossed.ProtoReflect.Descriptor instead.
+func (*BudgetThresholdCrossed) Descriptor() ([]byte, []int) {
+	return file_shizu_v1_billing_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *BudgetThresholdCrossed) GetMeta() *EventMeta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *BudgetThresholdCrossed) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *BudgetThresholdCrossed) GetBudgetId() string {
+	if x != nil {
+		return x.BudgetId
+	}
+	return ""
+}
+
+func (x *BudgetThresholdCrossed) GetPeriodStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PeriodStart
+	}
+	return nil
+}
+
+func (x *BudgetThresholdCrossed) GetPeriodEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PeriodEnd
+	}
+	return nil
+}
+
+func (x *BudgetThresholdCrossed) GetThreshold() *Money {
+	if x != nil {
+		return x.Threshold
+	}
+	return nil
+}
+
+func (x *BudgetThresholdCrossed) GetThresholdPercent() int32 {
+	if x != nil {
+		return x.ThresholdPercent
+	}
+	return 0
+}
+
+func (x *BudgetThresholdCrossed) GetBudgetAmount() *Money {
+	if x != nil {
+		return x.BudgetAmount
+	}
+	return nil
+}
+
+func (x *BudgetThresholdCrossed) GetSpent() *Money {
+	if x != nil {
+		return x.Spent
+	}
+	return nil
+}
+
 var File_shizu_v1_billing_proto protoreflect.FileDescriptor
 
 const file_shizu_v1_billing_proto_rawDesc = "" +
@@ -409,7 +533,18 @@ const file_shizu_v1_billing_proto_rawDesc = "" +
 	"period_end\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tperiodEnd\x128\n" +
 	"\n" +
 	"line_items\x18\x06 \x03(\v2\x19.shizu.v1.InvoiceLineItemR\tlineItems\x12%\n" +
-	"\x05total\x18\a \x01(\v2\x0f.shizu.v1.MoneyR\x05totalB3Z1github.com/shizu-gpu/shizu/proto/shizu/v1;shizuv1b\x06proto3"
+	"\x05total\x18\a \x01(\v2\x0f.shizu.v1.MoneyR\x05total\"\xae\x03\n" +
+	"\x16BudgetThresholdCrossed\x12'\n" +
+	"\x04meta\x18\x01 \x01(\v2\x13.shizu.v1.EventMetaR\x04meta\x12\x1b\n" +
+	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1b\n" +
+	"\tbudget_id\x18\x03 \x01(\tR\bbudgetId\x12=\n" +
+	"\fperiod_start\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vperiodStart\x129\n" +
+	"\n" +
+	"period_end\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tperiodEnd\x12-\n" +
+	"\tthreshold\x18\x06 \x01(\v2\x0f.shizu.v1.MoneyR\tthreshold\x12+\n" +
+	"\x11threshold_percent\x18\a \x01(\x05R\x10thresholdPercent\x124\n" +
+	"\rbudget_amount\x18\b \x01(\v2\x0f.shizu.v1.MoneyR\fbudgetAmount\x12%\n" +
+	"\x05spent\x18\t \x01(\v2\x0f.shizu.v1.MoneyR\x05spentB3Z1github.com/shizu-gpu/shizu/proto/shizu/v1;shizuv1b\x06proto3"
 
 var (
 	file_shizu_v1_billing_proto_rawDescOnce sync.Once
@@ -423,37 +558,44 @@ func file_shizu_v1_billing_proto_rawDescGZIP() []byte {
 	return file_shizu_v1_billing_proto_rawDescData
 }
 
-var file_shizu_v1_billing_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_shizu_v1_billing_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_shizu_v1_billing_proto_goTypes = []any{
-	(*UsageRecorded)(nil),         // 0: shizu.v1.UsageRecorded
-	(*InvoiceLineItem)(nil),       // 1: shizu.v1.InvoiceLineItem
-	(*InvoiceClosed)(nil),         // 2: shizu.v1.InvoiceClosed
-	nil,                           // 3: shizu.v1.UsageRecorded.LabelsEntry
-	(*EventMeta)(nil),             // 4: shizu.v1.EventMeta
-	(Plan)(0),                     // 5: shizu.v1.Plan
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
-	(*Money)(nil),                 // 7: shizu.v1.Money
+	(*UsageRecorded)(nil),          // 0: shizu.v1.UsageRecorded
+	(*InvoiceLineItem)(nil),        // 1: shizu.v1.InvoiceLineItem
+	(*InvoiceClosed)(nil),          // 2: shizu.v1.InvoiceClosed
+	(*BudgetThresholdCrossed)(nil), // 3: shizu.v1.BudgetThresholdCrossed
+	nil,                            // 4: shizu.v1.UsageRecorded.LabelsEntry
+	(*EventMeta)(nil),              // 5: shizu.v1.EventMeta
+	(Plan)(0),                      // 6: shizu.v1.Plan
+	(*timestamppb.Timestamp)(nil),  // 7: google.protobuf.Timestamp
+	(*Money)(nil),                  // 8: shizu.v1.Money
 }
 var file_shizu_v1_billing_proto_depIdxs = []int32{
-	4,  // 0: shizu.v1.UsageRecorded.meta:type_name -> shizu.v1.EventMeta
-	5,  // 1: shizu.v1.UsageRecorded.plan:type_name -> shizu.v1.Plan
-	6,  // 2: shizu.v1.UsageRecorded.interval_start:type_name -> google.protobuf.Timestamp
-	6,  // 3: shizu.v1.UsageRecorded.interval_end:type_name -> google.protobuf.Timestamp
-	7,  // 4: shizu.v1.UsageRecorded.unit_price_per_gpu_hour:type_name -> shizu.v1.Money
-	7,  // 5: shizu.v1.UsageRecorded.amount:type_name -> shizu.v1.Money
-	3,  // 6: shizu.v1.UsageRecorded.labels:type_name -> shizu.v1.UsageRecorded.LabelsEntry
-	5,  // 7: shizu.v1.InvoiceLineItem.plan:type_name -> shizu.v1.Plan
-	7,  // 8: shizu.v1.InvoiceLineItem.amount:type_name -> shizu.v1.Money
-	4,  // 9: shizu.v1.InvoiceClosed.meta:type_name -> shizu.v1.EventMeta
-	6,  // 10: shizu.v1.InvoiceClosed.period_start:type_name -> google.protobuf.Timestamp
-	6,  // 11: shizu.v1.InvoiceClosed.period_end:type_name -> google.protobuf.Timestamp
+	5,  // 0: shizu.v1.UsageRecorded.meta:type_name -> shizu.v1.EventMeta
+	6,  // 1: shizu.v1.UsageRecorded.plan:type_name -> shizu.v1.Plan
+	7,  // 2: shizu.v1.UsageRecorded.interval_start:type_name -> google.protobuf.Timestamp
+	7,  // 3: shizu.v1.UsageRecorded.interval_end:type_name -> google.protobuf.Timestamp
+	8,  // 4: shizu.v1.UsageRecorded.unit_price_per_gpu_hour:type_name -> shizu.v1.Money
+	8,  // 5: shizu.v1.UsageRecorded.amount:type_name -> shizu.v1.Money
+	4,  // 6: shizu.v1.UsageRecorded.labels:type_name -> shizu.v1.UsageRecorded.LabelsEntry
+	6,  // 7: shizu.v1.InvoiceLineItem.plan:type_name -> shizu.v1.Plan
+	8,  // 8: shizu.v1.InvoiceLineItem.amount:type_name -> shizu.v1.Money
+	5,  // 9: shizu.v1.InvoiceClosed.meta:type_name -> shizu.v1.EventMeta
+	7,  // 10: shizu.v1.InvoiceClosed.period_start:type_name -> google.protobuf.Timestamp
+	7,  // 11: shizu.v1.InvoiceClosed.period_end:type_name -> google.protobuf.Timestamp
 	1,  // 12: shizu.v1.InvoiceClosed.line_items:type_name -> shizu.v1.InvoiceLineItem
-	7,  // 13: shizu.v1.InvoiceClosed.total:type_name -> shizu.v1.Money
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	8,  // 13: shizu.v1.InvoiceClosed.total:type_name -> shizu.v1.Money
+	5,  // 14: shizu.v1.BudgetThresholdCrossed.meta:type_name -> shizu.v1.EventMeta
+	7,  // 15: shizu.v1.BudgetThresholdCrossed.period_start:type_name -> google.protobuf.Timestamp
+	7,  // 16: shizu.v1.BudgetThresholdCrossed.period_end:type_name -> google.protobuf.Timestamp
+	8,  // 17: shizu.v1.BudgetThresholdCrossed.threshold:type_name -> shizu.v1.Money
+	8,  // 18: shizu.v1.BudgetThresholdCrossed.budget_amount:type_name -> shizu.v1.Money
+	8,  // 19: shizu.v1.BudgetThresholdCrossed.spent:type_name -> shizu.v1.Money
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_shizu_v1_billing_proto_init() }
@@ -468,7 +610,7 @@ func file_shizu_v1_billing_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shizu_v1_billing_proto_rawDesc), len(file_shizu_v1_billing_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

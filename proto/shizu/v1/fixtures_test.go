@@ -319,6 +319,22 @@ func validInvoiceClosed() *InvoiceClosed {
 	}
 }
 
+// validBudgetThresholdCrossed is acme's 80 % threshold of a 1,000 USD
+// budget for November 2026, crossed at 812.50 USD.
+func validBudgetThresholdCrossed() *BudgetThresholdCrossed {
+	return &BudgetThresholdCrossed{
+		Meta:             validMeta(),
+		TenantId:         "acme",
+		BudgetId:         "monthly",
+		PeriodStart:      timestamppb.New(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)),
+		PeriodEnd:        timestamppb.New(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)),
+		Threshold:        usd(800_000_000),
+		ThresholdPercent: 80,
+		BudgetAmount:     usd(1_000_000_000),
+		Spent:            usd(812_500_000),
+	}
+}
+
 func validSpotPriceChanged() *SpotPriceChanged {
 	return &SpotPriceChanged{
 		Meta:                    validMeta(),

@@ -28,7 +28,7 @@ func validEvents() []validator {
 		validNodeInterruptionNoticed(), validNodeLost(), validNodeDrained(),
 		validTrafficSampled(), validScalingDecided(), validCapacityShortage(),
 		validNodeProvisionRequested(), validNodeReleaseRequested(), validPoolDeclared(),
-		validUsageRecorded(), validInvoiceClosed(),
+		validUsageRecorded(), validInvoiceClosed(), validBudgetThresholdCrossed(),
 		validSpotPriceChanged(),
 		validStartRental(), validStopRental(), validDrainNode(),
 	}
@@ -312,6 +312,12 @@ func TestEventValidationRejectsBadInputWithTheFieldPath(t *testing.T) {
 		{"usage without a unit price is rejected", with(validUsageRecorded(), func(m *UsageRecorded) { m.UnitPricePerGpuHour = nil }), "unit_price_per_gpu_hour: missing"},
 		{"usage charged in another currency than priced is rejected", with(validUsageRecorded(), func(m *UsageRecorded) { m.Amount.Currency = "EUR" }), "amount.currency: \"EUR\" differs from unit_price_per_gpu_hour.currency \"USD\""},
 		{"usage for a tenant with a space is rejected", with(validUsageRecorded(), func(m *UsageRecorded) { m.TenantId = "acme corp" }), "tenant_id: "},
+		// BudgetThresholdCrossed
+		{"a crossing below its threshold is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) { m.Spent.Micros = 1 }), "spent.micros: 1 is below the threshold 800000000"},
+		{"a crossing of a zero threshold is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) { m.Threshold.Micros = 0; m.Spent.Micros = 0 }), "threshold.micros: 0 is not positive"},
+		{"a percentage threshold without the budget's amount is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) { m.BudgetAmount = nil }), "budget_amount: missing: the threshold is a percentage (80)"},
+		{"a crossing spent in another currency is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) { m.Spent.Currency = "EUR" }), "spent.currency: \"EUR\" differs from threshold.currency \"USD\""},
+		{"a crossing with an empty period is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) { m.PeriodEnd = m.PeriodStart }), "period_end: 2026-11-01T00:00:00Z is not after period_start"},
 		// InvoiceClosed
 		{"an invoice whose total is not the sum of its lines is rejected", with(validInvoiceClosed(), func(m *InvoiceClosed) { m.Total.Micros++ }), "total.micros: 3090001 differs from the sum of the line amounts 3090000"},
 		{"an invoice line in another currency is rejected", with(validInvoiceClosed(), func(m *InvoiceClosed) { m.LineItems[1].Amount.Currency = "EUR" }), "line_items[1].amount.currency: \"EUR\" differs from total.currency \"USD\""},

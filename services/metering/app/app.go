@@ -9,10 +9,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"time"
 
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
 	"github.com/shizu-gpu/shizu/services/metering/pricing"
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
@@ -37,8 +39,13 @@ type Config struct {
 	CloseGrace time.Duration
 	// Tick is how often due intervals are looked for.
 	Tick time.Duration
-	// Concurrency is the number of deliveries handled at once per consumer.
+	// Concurrency is the number of batches handled at once per consumer
+	// (deliveries at once for the spot price consumer).
 	Concurrency int
+	// Batch is the most rental events or usage records handled together:
+	// their Redis work shares one pipeline and their usage records one
+	// async publish batch.
+	Batch int
 	// FastAck acknowledges without waiting for the server (handlers are
 	// idempotent, so a lost ack only redelivers).
 	FastAck bool
@@ -49,7 +56,7 @@ type Config struct {
 // DefaultConfig is the configuration on a developer machine.
 func DefaultConfig() Config {
 	return Config{Service: service.Defaults(topology.Metering), Rules: ledger.DefaultRules(),
-		CloseGrace: 30 * time.Second, Tick: time.Second, Concurrency: 16, FastAck: true, KeyPrefix: "mt:"}
+		CloseGrace: 30 * time.Second, Tick: time.Second, Concurrency: 4, Batch: 500, FastAck: true, KeyPrefix: "mt:"}
 }
 
 func envOr(key, def string) string {
@@ -70,7 +77,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("minimum-charge", "minimum on-demand charge [SHIZU_METERING_MINIMUM_CHARGE] (default "+c.Rules.MinimumCharge.String()+")", durationFlag(&c.Rules.MinimumCharge))
 	fs.DurationVar(&c.CloseGrace, "close-grace", c.CloseGrace, "wait after an interval boundary before closing a running rental's record")
 	fs.DurationVar(&c.Tick, "tick", c.Tick, "how often due intervals are closed")
-	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "deliveries handled at once per consumer")
+	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "batches handled at once per consumer")
+	fs.IntVar(&c.Batch, "batch", c.Batch, "most events handled together in one batch")
 	fs.BoolVar(&c.FastAck, "fast-ack", c.FastAck, "acknowledge without waiting for the server")
 	for key, d := range map[string]*time.Duration{"SHIZU_METERING_INTERVAL": &c.Rules.Interval, "SHIZU_METERING_MINIMUM_CHARGE": &c.Rules.MinimumCharge} {
 		if v, ok := os.LookupEnv(key); ok {
@@ -111,6 +119,9 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrency < 1 {
 		errs = append(errs, fmt.Errorf("metering: concurrency %d must be at least 1", c.Concurrency))
+	}
+	if c.Batch < 1 {
+		errs = append(errs, fmt.Errorf("metering: batch %d must be at least 1", c.Batch))
 	}
 	if _, _, err := c.load(); err != nil {
 		errs = append(errs, fmt.Errorf("metering: %w", err))
@@ -154,13 +165,35 @@ func (a Accounts) Validate(cat *pricing.Catalogue) error {
 			errs = append(errs, fmt.Errorf("commitments[%d]: %w", i, err))
 		}
 	}
+	tenants := map[string]bool{}
 	for i, b := range a.Budgets {
 		if b.TenantID == "" || b.Currency != cat.Currency {
 			errs = append(errs, fmt.Errorf("budgets[%d]: needs a tenant_id and the catalogue's currency %s", i, cat.Currency))
 		}
+		if tenants[b.TenantID] {
+			errs = append(errs, fmt.Errorf("budgets[%d]: tenant %s has a budget already", i, b.TenantID))
+		}
+		tenants[b.TenantID] = true
+		if err := shizuv1.ValidToken(b.Name()); err != nil {
+			errs = append(errs, fmt.Errorf("budgets[%d]: id: %w", i, err))
+		}
+		if len(b.ThresholdsMicros)+len(b.ThresholdsPercent) == 0 {
+			errs = append(errs, fmt.Errorf("budgets[%d]: no thresholds_micros nor thresholds_percent", i))
+		}
 		for _, t := range b.ThresholdsMicros {
 			if t <= 0 {
 				errs = append(errs, fmt.Errorf("budgets[%d]: threshold %d must be positive", i, t))
+			}
+		}
+		if b.AmountMicros < 0 || b.AmountMicros > math.MaxInt64/1000 {
+			errs = append(errs, fmt.Errorf("budgets[%d]: amount_micros %d is out of range 0..%d", i, b.AmountMicros, int64(math.MaxInt64/1000)))
+		}
+		if len(b.ThresholdsPercent) > 0 && b.AmountMicros <= 0 {
+			errs = append(errs, fmt.Errorf("budgets[%d]: thresholds_percent need a positive amount_micros", i))
+		}
+		for _, p := range b.ThresholdsPercent {
+			if p < 1 || p > 1000 {
+				errs = append(errs, fmt.Errorf("budgets[%d]: threshold %d %% is out of range 1..1000", i, p))
 			}
 		}
 	}

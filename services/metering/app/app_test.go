@@ -2,10 +2,12 @@ package app_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/app"
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
+	"github.com/shizu-gpu/shizu/services/metering/pricing"
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/subject"
@@ -139,8 +142,12 @@ func TestKillingAReplicaMidStreamOrRunningTwoGivesTheCleanRunsLedger(t *testing.
 	cfg := testConfig()
 	want := expectedLedger(t, cfg, rentals)
 
+	// The clean run handles one event at a time; the replicas below batch
+	// (in large batches, and in small ones that split a rental's events).
+	one := cfg
+	one.Batch = 1
 	clean := newEnv(t)
-	clean.startMeter(t, cfg, fixed(base))
+	clean.startMeter(t, one, fixed(base))
 	clean.prices(t, cfg)
 	clean.publish(t, allEvents(rentals))
 	clean.settled(t, cfg.KeyPrefix, want)
@@ -151,8 +158,10 @@ func TestKillingAReplicaMidStreamOrRunningTwoGivesTheCleanRunsLedger(t *testing.
 	}
 
 	e := newEnv(t)
+	small := cfg
+	small.Batch, small.Concurrency = 7, 2
 	a := e.startMeter(t, cfg, fixed(base))
-	e.startMeter(t, cfg, fixed(base)) // a second replica throughout
+	e.startMeter(t, small, fixed(base)) // a second replica throughout
 	e.prices(t, cfg)
 	evs := allEvents(rentals)
 	e.publish(t, evs[:len(evs)/2])
@@ -163,7 +172,7 @@ func TestKillingAReplicaMidStreamOrRunningTwoGivesTheCleanRunsLedger(t *testing.
 		return nil
 	})
 	a.kill() // without draining or acknowledging
-	e.startMeter(t, cfg, fixed(base))
+	e.startMeter(t, small, fixed(base))
 	e.publish(t, evs[len(evs)/2:])
 	e.settled(t, cfg.KeyPrefix, want)
 
@@ -507,5 +516,227 @@ func TestTheRebuildInvoiceAndReportCommandsRunAsTheMeteringUser(t *testing.T) {
 	}
 	if code, _, errb := run("invoice", "-tenant", "t1", "-from", "yesterday"); code != 2 || !strings.Contains(errb, "-from") {
 		t.Fatalf("a bad date: exit %d, %s", code, errb)
+	}
+}
+
+// budgetCrossings reads every budget crossing in the BILLING stream.
+func (e *env) budgetCrossings(t testing.TB) []*shizuv1.BudgetThresholdCrossed {
+	t.Helper()
+	ctx := context.Background()
+	s, err := e.pub.JetStream().Stream(ctx, topology.StreamBilling)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*shizuv1.BudgetThresholdCrossed
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("get %d: %v", seq, err)
+		}
+		if !subject.Matches(subject.UsageBudgetCrossedAll, m.Subject) {
+			continue
+		}
+		ev := &shizuv1.BudgetThresholdCrossed{}
+		if err := proto.Unmarshal(m.Data, ev); err != nil {
+			t.Fatal(err)
+		}
+		if err := ev.Validate(); err != nil {
+			t.Fatalf("invalid crossing on %s: %v", m.Subject, err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// drained waits until the usage consumer has nothing pending.
+func (e *env) drained(t testing.TB) {
+	t.Helper()
+	testkit.Eventually(t, 30*time.Second, func() error {
+		cons, err := e.pub.JetStream().Consumer(context.Background(), topology.StreamBilling, "metering-usage")
+		if err != nil {
+			return err
+		}
+		info, err := cons.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.NumPending > 0 || info.NumAckPending > 0 {
+			return fmt.Errorf("%d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+}
+
+func TestBudgetCrossingsArePublishedOncePerThresholdAndPeriod(t *testing.T) {
+	t.Parallel()
+	if subject.Matches(subject.UsageRecordedAll, "usage.t0.budget_crossed") {
+		t.Fatal("the usage consumer's filter would receive budget crossings")
+	}
+	e := newEnvWithUsers(t) // the meter publishes as the metering user
+	cfg := testConfig()
+	// Ten on-demand rentals of tenant t0; its budget is exactly their cost.
+	var rentals []rental
+	for i := range 10 {
+		start := base.Add(time.Duration(i) * time.Minute)
+		rentals = append(rentals, rental{id: fmt.Sprintf("b-%d", i), tenant: "t0", model: "H100-SXM5-80GB", zone: "eu-1",
+			plan: shizuv1.Plan_PLAN_ON_DEMAND, gpus: 2, milli: 1000, labels: map[string]string{"team": "vision"},
+			segs: []seg{{node: "node-1", start: start, stop: start.Add(7 * time.Minute), exit: shizuv1.ExitReason_EXIT_REASON_COMPLETED}}})
+	}
+	want := expectedLedger(t, cfg, rentals)
+	budget := total(want)
+	accounts := filepath.Join(t.TempDir(), "accounts.json")
+	doc := fmt.Sprintf(`{"budgets":[{"id":"team-budget","tenant_id":"t0","currency":"USD","amount_micros":%d,"thresholds_percent":[50,80,100]}]}`, budget)
+	if err := os.WriteFile(accounts, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.AccountsPath = accounts
+	e.startMeter(t, cfg, fixed(base))
+	e.publish(t, allEvents(rentals))
+	e.settled(t, cfg.KeyPrefix, want)
+	e.drained(t)
+
+	got := e.budgetCrossings(t)
+	sort.Slice(got, func(i, j int) bool { return got[i].GetThreshold().GetMicros() < got[j].GetThreshold().GetMicros() })
+	if len(got) != 3 {
+		t.Fatalf("%d crossings published, want 3 (50, 80 and 100 %%): %v", len(got), got)
+	}
+	ids := map[string]bool{}
+	for i, pct := range []int32{50, 80, 100} {
+		ev := got[i]
+		if ev.GetThresholdPercent() != pct || ev.GetThreshold().GetMicros() != budget*int64(pct)/100 ||
+			ev.GetBudgetAmount().GetMicros() != budget || ev.GetBudgetId() != "team-budget" || ev.GetTenantId() != "t0" ||
+			!ev.GetPeriodStart().AsTime().Equal(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)) {
+			t.Fatalf("crossing %d is %v, want %d %% of %d µ in November 2026", i, ev, pct, budget)
+		}
+		ids[ev.GetMeta().GetEventId()] = true
+	}
+	if len(ids) != 3 {
+		t.Fatalf("crossing ids %v are not distinct", ids)
+	}
+
+	// The usage records delivered again (under fresh message ids, as after
+	// the stream's duplicate window): no new crossing.
+	js := e.pub.JetStream()
+	billing, err := js.Stream(context.Background(), topology.StreamBilling)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay := func(seq uint64, id string) {
+		msg, err := billing.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !subject.Matches(subject.UsageRecordedAll, msg.Subject) {
+			return
+		}
+		m := nats.NewMsg(msg.Subject)
+		m.Data = msg.Data
+		m.Header.Set(bus.HeaderEvent, msg.Header.Get(bus.HeaderEvent))
+		m.Header.Set(jetstream.MsgIDHeader, id)
+		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := billing.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		replay(seq, fmt.Sprintf("replay-%d", seq))
+	}
+	e.drained(t)
+	e.settled(t, cfg.KeyPrefix, want)
+	if n := len(e.budgetCrossings(t)); n != 3 {
+		t.Fatalf("%d crossings in the stream after the redelivery, want still 3", n)
+	}
+
+	// A crash after publishing a crossing but before marking it alerted:
+	// the next record republishes it under the same id, which the stream
+	// stores once.
+	if err := e.rdb.Del(context.Background(), cfg.KeyPrefix+"alerts:t0:2026-11").Err(); err != nil {
+		t.Fatal(err)
+	}
+	replay(info.State.FirstSeq, "replay-again")
+	e.drained(t)
+	if n := len(e.budgetCrossings(t)); n != 3 {
+		t.Fatalf("%d crossings in the stream after re-alerting, want still 3", n)
+	}
+	store := redisstore.New(e.rdb, cfg.KeyPrefix)
+	alerted, err := store.Alerts(context.Background(), "t0", "2026-11")
+	if err != nil || len(alerted) != 3 {
+		t.Fatalf("alerted %v (%v), want the three thresholds marked again", alerted, err)
+	}
+}
+
+// Before a zone's first spot price, spot seconds are billed at the
+// catalogue's spot default of the model (not its list price), and the
+// tenant's maximum is compared with that default.
+func TestSpotBeforeTheFirstMarketPriceIsBilledAtTheCataloguesSpotDefault(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("../pricing/catalogue.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range doc["instance_types"].([]any) {
+		if it := it.(map[string]any); it["model"] == "H100-SXM5-80GB" {
+			it["spot_default_price_per_gpu_hour_micros"] = 1_080_000 // 300 µ a GPU-second; list is 2,490,000
+		}
+	}
+	cat := filepath.Join(t.TempDir(), "catalogue.json")
+	if data, err = json.Marshal(doc); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cat, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t)
+	cfg := testConfig()
+	cfg.CataloguePath = cat
+	e.startMeter(t, cfg, fixed(base))
+	spot := func(id string, maxMicros int64) rental {
+		return rental{id: id, tenant: "t1", model: "H100-SXM5-80GB", zone: "eu-9", plan: shizuv1.Plan_PLAN_SPOT, gpus: 2, milli: 1000,
+			maxSpot: &pricing.Money{Micros: maxMicros, Currency: "USD"}, labels: map[string]string{"team": "nlp"},
+			segs: []seg{{node: "node-3", start: base, stop: base.Add(10 * time.Minute), exit: shizuv1.ExitReason_EXIT_REASON_COMPLETED}}}
+	}
+	// Capped between the default and the list price, and capped below the
+	// default; no market price of eu-9 is ever published.
+	e.publish(t, allEvents([]rental{spot("s-above", 1_500_000), spot("s-below", 1_000_000)}))
+	store := redisstore.New(e.rdb, cfg.KeyPrefix)
+	testkit.Eventually(t, 30*time.Second, func() error {
+		for _, c := range consumers() {
+			cons, err := e.pub.JetStream().Consumer(context.Background(), c.Stream, c.Durable)
+			if err != nil {
+				return err
+			}
+			info, err := cons.Info(context.Background())
+			if err != nil {
+				return err
+			}
+			if info.NumPending > 0 || info.NumAckPending > 0 {
+				return fmt.Errorf("%s: %d pending", c.Durable, info.NumPending+uint64(info.NumAckPending))
+			}
+		}
+		if micros, _, err := store.Rental(context.Background(), "s-above"); err != nil || micros == 0 {
+			return fmt.Errorf("s-above not billed yet (%v)", err)
+		}
+		return nil
+	})
+	above, _, err := store.Rental(context.Background(), "s-above")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if above != 2*600*300 {
+		t.Fatalf("10 minutes of 2 GPUs billed %d µ, want %d (the spot default, not the list price)", above, 2*600*300)
+	}
+	if below, _, err := store.Rental(context.Background(), "s-below"); err != nil || below != 0 {
+		t.Fatalf("a rental capped below the spot default billed %d µ (%v), want nothing", below, err)
 	}
 }

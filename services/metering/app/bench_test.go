@@ -15,14 +15,12 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/metering/app"
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
-
-// benchConcurrency is the handlers per consumer in the benchmarks.
-const benchConcurrency = 256
 
 // benchRentals are n short on-demand rentals (one usage record each).
 func benchRentals(n int, running bool) []event {
@@ -104,7 +102,7 @@ func BenchmarkIngest(b *testing.B) {
 		b.StopTimer()
 		e := newEnv(b)
 		cfg := testConfig()
-		cfg.Concurrency = benchConcurrency
+		cfg.Concurrency = app.DefaultConfig().Concurrency
 		evs := benchRentals(rentals, false)
 		e.publishAsync(b, evs)
 		rawCPU0 := processCPU()
@@ -140,6 +138,7 @@ func BenchmarkIngest(b *testing.B) {
 		b.ReportMetric(used/float64(len(evs))*1e6, "cpu-µs/event")
 		b.ReportMetric(rawCPU/float64(len(evs))*1e6, "raw-cpu-µs/event")
 		b.ReportMetric(2/(used/float64(len(evs))), "events/s-per-2-cores")
+		b.ReportMetric(rawCPU/used, "cpu-ratio") // raw consume's CPU per event / the pipeline's
 		got, msgs := e.billed(b)
 		if len(got) != rentals || msgs != rentals {
 			b.Fatalf("%d records in %d messages, want %d", len(got), msgs, rentals)
@@ -162,7 +161,7 @@ func BenchmarkMemoryPer100kRunningRentals(b *testing.B) {
 	for range b.N {
 		e := newEnv(b)
 		cfg := testConfig()
-		cfg.Concurrency = benchConcurrency
+		cfg.Concurrency = app.DefaultConfig().Concurrency
 		before := redisMemory(b, e)
 		runtime.GC()
 		var ms0 runtime.MemStats

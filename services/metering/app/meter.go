@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
@@ -36,6 +40,7 @@ type Meter struct {
 	now      func() time.Time
 	source   string
 	opts     bus.ConsumeOptions
+	batch    int
 	metrics  *metrics
 }
 
@@ -68,31 +73,30 @@ func NewMeter(cfg Config, d Deps) (*Meter, error) {
 	}
 	return &Meter{metrics: ms, cat: cat, rules: cfg.Rules, grace: cfg.CloseGrace, accounts: accounts, store: d.Store, conn: d.Conn,
 		log: d.Log, now: d.Now, source: topology.Metering,
-		opts: bus.ConsumeOptions{Concurrency: cfg.Concurrency, FastAck: cfg.FastAck}}, nil
+		opts: bus.ConsumeOptions{Concurrency: cfg.Concurrency, FastAck: cfg.FastAck}, batch: cfg.Batch}, nil
 }
 
 // Start starts the consumers and the closer; the returned parts stop them
-// in reverse order.
+// in reverse order. Rental events and usage records are handled in batches
+// (see onRentals and onUsage); spot prices one by one.
 func (m *Meter) Start(ctx context.Context, consumers []bus.Consumer, tick time.Duration) ([]Part, error) {
 	var parts []Part
+	batch := bus.BatchOptions{MaxBatch: m.batch, Concurrency: m.opts.Concurrency, FastAck: m.opts.FastAck}
 	for _, c := range consumers {
-		r := bus.NewRouter()
+		var sub *bus.Subscription
+		var err error
 		switch c.Stream {
 		case topology.StreamRentals:
-			bus.On(r, m.onScheduled)
-			bus.On(r, m.onStarted)
-			bus.On(r, m.onStopped)
-			bus.On(r, m.onMigrating)
-			bus.On(r, func(context.Context, *shizuv1.RentalMigrated, bus.Delivery) error { return nil })
-			bus.On(r, func(context.Context, *shizuv1.RentalPreempted, bus.Delivery) error { return nil })
+			sub, err = m.conn.ConsumeBatch(ctx, c, m.onRentals, batch)
 		case topology.StreamMarket:
+			r := bus.NewRouter()
 			bus.On(r, m.onSpotPrice)
+			sub, err = m.conn.Consume(ctx, c, r, m.opts)
 		case topology.StreamBilling:
-			bus.On(r, m.onUsage)
+			sub, err = m.conn.ConsumeBatch(ctx, c, m.onUsage, batch)
 		default:
 			continue
 		}
-		sub, err := m.conn.Consume(ctx, c, r, m.opts)
 		if err != nil {
 			stopAll(ctx, parts)
 			return nil, err
@@ -120,58 +124,152 @@ func stopAll(ctx context.Context, parts []Part) {
 	}
 }
 
-func (m *Meter) onScheduled(ctx context.Context, ev *shizuv1.RentalScheduled, _ bus.Delivery) error {
+// Event names the rental consumer handles.
+var (
+	eventScheduled = bus.EventName(&shizuv1.RentalScheduled{})
+	eventStarted   = bus.EventName(&shizuv1.RentalStarted{})
+	eventStopped   = bus.EventName(&shizuv1.RentalStopped{})
+	eventMigrating = bus.EventName(&shizuv1.RentalMigrating{})
+	eventMigrated  = bus.EventName(&shizuv1.RentalMigrated{})
+	eventPreempted = bus.EventName(&shizuv1.RentalPreempted{})
+	eventUsage     = bus.EventName(&shizuv1.UsageRecorded{})
+)
+
+// decode decodes and validates a delivery; what fails is invalid input.
+func decode(d bus.Delivery, ev proto.Message) error {
+	if err := proto.Unmarshal(d.Data, ev); err != nil {
+		return fault.Invalid("decode %s: %v", d.Event, err)
+	}
+	if v, ok := ev.(bus.Validator); ok {
+		if err := v.Validate(); err != nil {
+			return fault.Invalid("validate %s: %v", d.Event, err)
+		}
+	}
+	return nil
+}
+
+// onRentals handles a batch of rental events: it merges every
+// scheduled/started/stopped event into its segment (one script per segment,
+// all in one Redis pipeline), closes the segments that have records to
+// close (all records in one async publish batch, all cursors in one
+// pipeline), then handles failover reports one by one. Every step is
+// idempotent (merges set the same fields, record ids are deterministic,
+// cursors only move forward), so a batch redelivered in part or in whole
+// after a crash changes nothing more.
+func (m *Meter) onRentals(ctx context.Context, ds []bus.Delivery) []error {
+	out := make([]error, len(ds))
+	events := make([]redisstore.SegmentEvent, 0, len(ds))
+	merged := make([]int, 0, len(ds)) // delivery of each event
+	var migrating []int
+	var lost []*shizuv1.RentalMigrating
+	for i, d := range ds {
+		var ev redisstore.SegmentEvent
+		var err error
+		switch d.Event {
+		case eventScheduled:
+			ev, err = m.scheduled(d)
+		case eventStarted:
+			ev, err = m.started(d)
+		case eventStopped:
+			ev, err = m.stopped(d)
+		case eventMigrating:
+			var mig shizuv1.RentalMigrating
+			if out[i] = decode(d, &mig); out[i] == nil {
+				migrating, lost = append(migrating, i), append(lost, &mig)
+			}
+			continue
+		case eventMigrated:
+			out[i] = decode(d, &shizuv1.RentalMigrated{})
+			continue
+		case eventPreempted:
+			out[i] = decode(d, &shizuv1.RentalPreempted{})
+			continue
+		default:
+			continue // an event this consumer does not know: acknowledged
+		}
+		if err != nil {
+			out[i] = err
+			continue
+		}
+		events = append(events, ev)
+		merged = append(merged, i)
+	}
+	if len(events) > 0 {
+		states, err := m.store.MergeSegments(ctx, events)
+		segErr := map[redisstore.SegmentRef]error{}
+		if err == nil {
+			for i, e := range m.closeStates(ctx, states) {
+				if e != nil {
+					segErr[redisstore.SegmentRef{RentalID: states[i].RentalID, Attempt: states[i].Attempt}] = e
+				}
+			}
+		}
+		for j, i := range merged {
+			if err != nil {
+				out[i] = err
+			} else {
+				out[i] = segErr[events[j].Ref]
+			}
+		}
+	}
+	for j, i := range migrating {
+		out[i] = m.onMigrating(ctx, lost[j])
+	}
+	return out
+}
+
+func (m *Meter) scheduled(d bus.Delivery) (redisstore.SegmentEvent, error) {
+	var ev shizuv1.RentalScheduled
+	if err := decode(d, &ev); err != nil {
+		return redisstore.SegmentEvent{}, err
+	}
 	spec := ev.GetSpec()
 	if _, err := m.cat.Type(ev.GetGpuModel()); err != nil {
-		return fault.Invalid("rental %s: %v", ev.GetRentalId(), err)
+		return redisstore.SegmentEvent{}, fault.Invalid("rental %s: %v", ev.GetRentalId(), err)
 	}
 	milli, err := m.cat.BillableMilli(ev.GetGpuModel(), spec.GetMigProfile(), spec.GetMilliGpu())
 	if err != nil {
-		return fault.Invalid("rental %s: %v", ev.GetRentalId(), err)
+		return redisstore.SegmentEvent{}, fault.Invalid("rental %s: %v", ev.GetRentalId(), err)
 	}
 	st := ledger.SegmentState{RentalID: ev.GetRentalId(), Attempt: ev.GetAttempt(), Scheduled: true,
 		TenantID: ev.GetTenantId(), NodeID: ev.GetNodeId(), Plan: spec.GetPlan(), Model: ev.GetGpuModel(),
 		Zone: ev.GetZone(), GPUCount: spec.GetGpuCount(), MilliGPU: milli, Labels: spec.GetLabels()}
 	if mx := spec.GetMaxSpotPricePerGpuHour(); mx != nil {
 		if mx.GetCurrency() != m.cat.Currency {
-			return fault.Invalid("rental %s: max spot price in %s, the catalogue prices in %s", ev.GetRentalId(), mx.GetCurrency(), m.cat.Currency)
+			return redisstore.SegmentEvent{}, fault.Invalid("rental %s: max spot price in %s, the catalogue prices in %s", ev.GetRentalId(), mx.GetCurrency(), m.cat.Currency)
 		}
 		p := pricing.FromProto(mx)
 		st.MaxSpot = &p
 	}
-	merged, err := m.store.Scheduled(ctx, st)
-	if err != nil {
-		return err
-	}
-	return m.closeState(ctx, merged)
+	return redisstore.ScheduledEvent(st)
 }
 
-func (m *Meter) onStarted(ctx context.Context, ev *shizuv1.RentalStarted, _ bus.Delivery) error {
+func (m *Meter) started(d bus.Delivery) (redisstore.SegmentEvent, error) {
+	var ev shizuv1.RentalStarted
+	if err := decode(d, &ev); err != nil {
+		return redisstore.SegmentEvent{}, err
+	}
 	ref := redisstore.SegmentRef{RentalID: ev.GetRentalId(), Attempt: ev.GetAttempt()}
 	at := ev.GetStartedAt().AsTime()
 	// The closer first looks at it when its first interval can close.
-	st, err := m.store.Started(ctx, ref, ev.GetNodeId(), at, nextBoundary(at, m.rules.Interval).Add(m.grace))
-	if err != nil {
-		return err
-	}
-	return m.closeState(ctx, st)
+	return redisstore.StartedEvent(ref, ev.GetNodeId(), at, nextBoundary(at, m.rules.Interval).Add(m.grace)), nil
 }
 
-func (m *Meter) onStopped(ctx context.Context, ev *shizuv1.RentalStopped, _ bus.Delivery) error {
+func (m *Meter) stopped(d bus.Delivery) (redisstore.SegmentEvent, error) {
+	var ev shizuv1.RentalStopped
+	if err := decode(d, &ev); err != nil {
+		return redisstore.SegmentEvent{}, err
+	}
 	ref := redisstore.SegmentRef{RentalID: ev.GetRentalId(), Attempt: ev.GetAttempt()}
 	start, stop := ev.GetStartedAt().AsTime(), ev.GetStoppedAt().AsTime()
 	if stop.Before(start) {
-		return fault.Invalid("rental %s attempt %d: negative duration: stopped at %s before it started at %s",
+		return redisstore.SegmentEvent{}, fault.Invalid("rental %s attempt %d: negative duration: stopped at %s before it started at %s",
 			ref.RentalID, ref.Attempt, stop.Format(time.RFC3339Nano), start.Format(time.RFC3339Nano))
 	}
-	st, err := m.store.Stopped(ctx, ref, start, stop, ev.GetExitReason())
-	if err != nil {
-		return err
-	}
-	return m.closeState(ctx, st)
+	return redisstore.StoppedEvent(ref, start, stop, ev.GetExitReason()), nil
 }
 
-func (m *Meter) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating, d bus.Delivery) error {
+func (m *Meter) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating) error {
 	last := ev.GetMeta().GetOccurredAt().AsTime()
 	if hb := ev.GetLastHeartbeatAt(); hb != nil {
 		last = hb.AsTime()
@@ -183,12 +281,11 @@ func (m *Meter) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating, d 
 	if err != nil {
 		return err
 	}
-	for _, a := range attempts {
-		if err := m.closeSegment(ctx, redisstore.SegmentRef{RentalID: ev.GetRentalId(), Attempt: a}); err != nil {
-			return err
-		}
+	refs := make([]redisstore.SegmentRef, len(attempts))
+	for i, a := range attempts {
+		refs[i] = redisstore.SegmentRef{RentalID: ev.GetRentalId(), Attempt: a}
 	}
-	return nil
+	return errors.Join(m.closeSegments(ctx, refs)...)
 }
 
 func (m *Meter) onSpotPrice(ctx context.Context, ev *shizuv1.SpotPriceChanged, _ bus.Delivery) error {
@@ -205,33 +302,131 @@ func (m *Meter) onSpotPrice(ctx context.Context, ev *shizuv1.SpotPriceChanged, _
 	return m.store.SpotPrice(ctx, ev.GetZone(), ev.GetModel(), ledger.PricePoint{At: ev.GetEffectiveAt().AsTime(), Price: p})
 }
 
-func (m *Meter) onUsage(ctx context.Context, ev *shizuv1.UsageRecorded, _ bus.Delivery) error {
-	applied, err := m.store.Apply(ctx, "", ev)
+// onUsage folds a batch of usage records into the aggregates (one script
+// per record, once per record id, all in one pipeline) and then checks the
+// budgets of the tenants they belong to.
+func (m *Meter) onUsage(ctx context.Context, ds []bus.Delivery) []error {
+	out := make([]error, len(ds))
+	recs := make([]*shizuv1.UsageRecorded, 0, len(ds))
+	idx := make([]int, 0, len(ds))
+	for i, d := range ds {
+		if d.Event != eventUsage {
+			continue
+		}
+		ev := &shizuv1.UsageRecorded{}
+		if out[i] = decode(d, ev); out[i] == nil {
+			recs, idx = append(recs, ev), append(idx, i)
+		}
+	}
+	applied, err := m.store.ApplyAll(ctx, "", recs)
+	if err != nil {
+		for _, i := range idx {
+			out[i] = err
+		}
+		return out
+	}
+	var fresh int64
+	type period struct{ tenant, month string }
+	spends := map[period]int64{}
+	recordsOf := map[period][]int{}
+	for j, a := range applied {
+		if a.New {
+			fresh++
+		}
+		ev := recs[j]
+		if b, ok := m.accounts.budget(ev.GetTenantId()); !ok || b.Currency != ev.GetAmount().GetCurrency() {
+			continue
+		}
+		k := period{ev.GetTenantId(), ev.GetIntervalStart().AsTime().UTC().Format("2006-01")}
+		spends[k] = max(spends[k], a.MonthAfter)
+		recordsOf[k] = append(recordsOf[k], idx[j])
+	}
+	m.metrics.applied.Add(ctx, fresh)
+	m.metrics.duplicates.Add(ctx, int64(len(applied))-fresh)
+	for k, spent := range spends {
+		budget, _ := m.accounts.budget(k.tenant)
+		if err := m.alertBudget(ctx, budget, k.month, spent); err != nil {
+			for _, i := range recordsOf[k] {
+				out[i] = err
+			}
+		}
+	}
+	return out
+}
+
+// alertBudget publishes a BudgetThresholdCrossed for every threshold of
+// budget that the tenant's spend in month has reached and that has not
+// been alerted yet, then marks them alerted. It looks at the spend, not at
+// the record that moved it, so a crossing whose alert failed is alerted on
+// the redelivery. The event id is deterministic
+// (budget:<tenant>:<budget>:<month>:<threshold micros>): two replicas, or a
+// crash between publishing and marking, publish it again under the same
+// id, which the stream stores once.
+func (m *Meter) alertBudget(ctx context.Context, budget ledger.Budget, month string, spent int64) error {
+	reached := budget.Reached(spent)
+	if len(reached) == 0 {
+		return nil
+	}
+	done, err := m.store.Alerts(ctx, budget.TenantID, month)
 	if err != nil {
 		return err
 	}
-	if !applied.New {
-		m.metrics.duplicates.Add(ctx, 1)
+	var todo []ledger.Threshold
+	for _, t := range reached {
+		if !slices.Contains(done, t.Micros) {
+			todo = append(todo, t)
+		}
+	}
+	if len(todo) == 0 {
 		return nil
 	}
-	m.metrics.applied.Add(ctx, 1)
-	budget, ok := m.accounts.budget(ev.GetTenantId())
-	if !ok || budget.Currency != ev.GetAmount().GetCurrency() {
-		return nil
+	start, err := time.Parse("2006-01", month)
+	if err != nil {
+		return err
 	}
-	month := ev.GetIntervalStart().AsTime().UTC().Format("2006-01")
-	for _, t := range budget.Crossed(applied.MonthBefore, applied.MonthAfter) {
-		first, err := m.store.Alert(ctx, ev.GetTenantId(), month, t)
+	subj, err := subject.Format(subject.UsageBudgetCrossed, budget.TenantID)
+	if err != nil {
+		return fault.Invalid("budget of %s: %v", budget.TenantID, err)
+	}
+	batch := m.conn.NewBatch()
+	for _, t := range todo {
+		if err := batch.Publish(ctx, subj, budgetCrossed(budget, t, start, spent, m.now(), m.source)); err != nil {
+			return err
+		}
+	}
+	if _, err := batch.Wait(ctx); err != nil {
+		return fmt.Errorf("publish budget crossing of %s: %w", budget.TenantID, err)
+	}
+	for _, t := range todo {
+		first, err := m.store.Alert(ctx, budget.TenantID, month, t.Micros)
 		if err != nil {
 			return err
 		}
 		if first {
 			m.metrics.budget.Add(ctx, 1)
-			m.log.WarnContext(ctx, "budget threshold crossed", "tenant", ev.GetTenantId(), "month", month,
-				"threshold_micros", t, "spend_micros", applied.MonthAfter, "currency", budget.Currency)
+			m.log.WarnContext(ctx, "budget threshold crossed", "tenant", budget.TenantID, "budget", budget.Name(), "month", month,
+				"threshold_micros", t.Micros, "threshold_percent", t.Percent, "spend_micros", spent, "currency", budget.Currency)
 		}
 	}
 	return nil
+}
+
+// budgetCrossed is the event of a budget's threshold t reached by spent in
+// the month starting at start.
+func budgetCrossed(b ledger.Budget, t ledger.Threshold, start time.Time, spent int64, now time.Time, source string) *shizuv1.BudgetThresholdCrossed {
+	id := "budget:" + b.TenantID + ":" + b.Name() + ":" + start.Format("2006-01") + ":" + strconv.FormatInt(t.Micros, 10)
+	ev := &shizuv1.BudgetThresholdCrossed{
+		Meta:     &shizuv1.EventMeta{EventId: id, OccurredAt: timestamppb.New(now), Source: source, CorrelationId: b.TenantID},
+		TenantId: b.TenantID, BudgetId: b.Name(),
+		PeriodStart: timestamppb.New(start), PeriodEnd: timestamppb.New(start.AddDate(0, 1, 0)),
+		Threshold:        &shizuv1.Money{Micros: t.Micros, Currency: b.Currency},
+		ThresholdPercent: t.Percent,
+		Spent:            &shizuv1.Money{Micros: spent, Currency: b.Currency},
+	}
+	if t.Percent != 0 {
+		ev.BudgetAmount = &shizuv1.Money{Micros: b.AmountMicros, Currency: b.Currency}
+	}
+	return ev
 }
 
 // tariff is what seg is priced at.
@@ -251,6 +446,10 @@ func (m *Meter) tariff(ctx context.Context, seg ledger.Segment) (ledger.Tariff, 
 			t.Base = rate
 		}
 	case shizuv1.Plan_PLAN_SPOT:
+		// Before the zone's first market price: the catalogue's spot default.
+		if t.Base, err = m.cat.SpotDefault(seg.Model); err != nil {
+			return ledger.Tariff{}, fault.Invalid("rental %s: %v", seg.RentalID, err)
+		}
 		var until time.Time
 		if seg.Ended() {
 			until = seg.End
@@ -262,28 +461,112 @@ func (m *Meter) tariff(ctx context.Context, seg ledger.Segment) (ledger.Tariff, 
 	return t, nil
 }
 
-// closeSegment publishes every record of a segment that is closed now and
-// advances its cursor. Two replicas closing the same segment publish the
-// same records under the same ids, which the stream and the aggregates
-// deduplicate.
-func (m *Meter) closeSegment(ctx context.Context, ref redisstore.SegmentRef) error {
-	st, err := m.store.Segment(ctx, ref)
-	if err != nil {
-		return err
+// closeSegments loads segments and closes them (closeStates), returning
+// one error per ref.
+func (m *Meter) closeSegments(ctx context.Context, refs []redisstore.SegmentRef) []error {
+	evs := make([]redisstore.SegmentEvent, len(refs))
+	for i, r := range refs {
+		evs[i] = redisstore.SegmentEvent{Ref: r}
 	}
-	return m.closeState(ctx, st)
+	errs := make([]error, len(refs))
+	states, err := m.store.MergeSegments(ctx, evs)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	byRef := map[redisstore.SegmentRef]error{}
+	for i, e := range m.closeStates(ctx, states) {
+		byRef[redisstore.SegmentRef{RentalID: states[i].RentalID, Attempt: states[i].Attempt}] = e
+	}
+	for i, r := range refs {
+		errs[i] = byRef[r]
+	}
+	return errs
 }
 
-// closeState is closeSegment for a state just loaded.
-func (m *Meter) closeState(ctx context.Context, st ledger.SegmentState) error {
+// closeStates publishes every record of the segments that is closed now
+// (all in one async publish batch) and then advances their cursors (all in
+// one pipeline); it returns one error per state. Two replicas closing the
+// same segment publish the same records under the same ids, which the
+// stream and the aggregates deduplicate; a cursor only moves forward and
+// only after its records are stored.
+func (m *Meter) closeStates(ctx context.Context, states []ledger.SegmentState) []error {
+	errs := make([]error, len(states))
+	batch := m.conn.NewBatch()
+	var published []ledger.Record
+	var withRecords []int
+	advances := make([]redisstore.Advance, 0, len(states))
+	advanced := make([]int, 0, len(states))
+	for i, st := range states {
+		recs, adv, ok, err := m.plan(ctx, st)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		for _, r := range recs {
+			subj, err := subject.Format(subject.UsageRecorded, r.TenantID)
+			if err == nil {
+				err = batch.Publish(ctx, subj, r.Proto(m.source))
+			}
+			if err != nil {
+				errs[i] = fault.Invalid("rental %s: %v", st.RentalID, err)
+				break
+			}
+		}
+		if errs[i] != nil {
+			continue
+		}
+		if len(recs) > 0 {
+			published = append(published, recs...)
+			withRecords = append(withRecords, i)
+		}
+		if ok {
+			advances, advanced = append(advances, adv), append(advanced, i)
+		}
+	}
+	if batch.Len() > 0 {
+		if _, err := batch.Wait(ctx); err != nil {
+			// Which publish failed is not known: none of the segments with
+			// records advances, and their events are redelivered.
+			err = fmt.Errorf("publish usage: %w", err)
+			for _, i := range withRecords {
+				errs[i] = err
+			}
+			kept := advances[:0]
+			keptIdx := advanced[:0]
+			for j, a := range advances {
+				if errs[advanced[j]] == nil {
+					kept, keptIdx = append(kept, a), append(keptIdx, advanced[j])
+				}
+			}
+			advances, advanced = kept, keptIdx
+			published = nil
+		}
+		for _, r := range published {
+			m.metrics.published(ctx, r.Plan.String(), r.Amount.Currency, r.Amount.Micros)
+		}
+	}
+	if err := m.store.AdvanceAll(ctx, advances); err != nil {
+		for _, i := range advanced {
+			errs[i] = err
+		}
+	}
+	return errs
+}
+
+// plan is what closing a segment now takes: its records and the advance of
+// its cursor (ok false when the cursor stays).
+func (m *Meter) plan(ctx context.Context, st ledger.SegmentState) (recs []ledger.Record, adv redisstore.Advance, ok bool, err error) {
 	ref := redisstore.SegmentRef{RentalID: st.RentalID, Attempt: st.Attempt}
-	seg, ok := st.Segment()
-	if !ok || st.Done || st.Finished() {
-		return nil
+	seg, known := st.Segment()
+	if !known || st.Done || st.Finished() {
+		return nil, adv, false, nil
 	}
 	tariff, err := m.tariff(ctx, seg)
 	if err != nil {
-		return err
+		return nil, adv, false, err
 	}
 	until := m.now().Add(-m.grace)
 	if seg.Ended() && until.Before(seg.End) {
@@ -291,37 +574,18 @@ func (m *Meter) closeState(ctx context.Context, st ledger.SegmentState) error {
 	}
 	recs, cursor, err := ledger.Close(seg, tariff, m.rules, st.Cursor, until)
 	if err != nil {
-		return fault.Invalid("rental %s attempt %d: %v", ref.RentalID, ref.Attempt, err)
-	}
-	if len(recs) > 0 {
-		batch := m.conn.NewBatch()
-		for _, r := range recs {
-			subj, err := subject.Format(subject.UsageRecorded, r.TenantID)
-			if err != nil {
-				return fault.Invalid("rental %s: %v", ref.RentalID, err)
-			}
-			if err := batch.Publish(ctx, subj, r.Proto(m.source)); err != nil {
-				return err
-			}
-		}
-		if _, err := batch.Wait(ctx); err != nil {
-			return fmt.Errorf("publish usage of %s: %w", ref.RentalID, err)
-		}
-		for _, r := range recs {
-			m.metrics.published(ctx, r.Plan.String(), r.Amount.Currency, r.Amount.Micros)
-		}
+		return nil, adv, false, fault.Invalid("rental %s attempt %d: %v", ref.RentalID, ref.Attempt, err)
 	}
 	if len(recs) == 0 && cursor.Equal(st.Cursor) && !seg.Ended() {
-		return nil // nothing closed yet; the start already made it due
+		return nil, adv, false, nil // nothing closed yet; the start already made it due
 	}
 	st.Cursor = cursor
-	finished := st.Finished()
 	due := cursor
 	if due.Before(seg.Start) {
 		due = seg.Start
 	}
 	due = nextBoundary(due, m.rules.Interval).Add(m.grace)
-	return m.store.Advance(ctx, ref, cursor, due, finished)
+	return recs, redisstore.Advance{Ref: ref, Cursor: cursor, Due: due, Finished: st.Finished()}, true, nil
 }
 
 // nextBoundary is the first multiple of interval since the Unix epoch after t.
@@ -331,44 +595,26 @@ func nextBoundary(t time.Time, interval time.Duration) time.Time {
 }
 
 // CloseDue closes every segment whose next interval boundary has passed
-// (up to 10,000 a call, Concurrency at a time), and returns how many it
-// looked at.
+// (up to 10,000 a call, in batches of the consumers' batch size), and
+// returns how many it looked at.
 func (m *Meter) CloseDue(ctx context.Context) (int, error) {
 	refs, err := m.store.Due(ctx, m.now(), 10_000)
 	if err != nil {
 		return 0, err
 	}
 	m.metrics.due.Add(ctx, int64(len(refs)))
-	work := make(chan redisstore.SegmentRef)
-	var (
-		mu   sync.Mutex
-		errs []error
-		wg   sync.WaitGroup
-	)
-	for range min(max(m.opts.Concurrency, 1), len(refs)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ref := range work {
-				err := m.closeSegment(ctx, ref)
-				if err == nil {
-					continue
-				}
-				if fault.IsInvalid(err) {
-					m.log.ErrorContext(ctx, "segment cannot be billed", "rental", ref.RentalID, "attempt", ref.Attempt, "err", err)
-					continue
-				}
-				mu.Lock()
+	var errs []error
+	for chunk := range slices.Chunk(refs, max(m.batch, 1)) {
+		for i, err := range m.closeSegments(ctx, chunk) {
+			switch {
+			case err == nil:
+			case fault.IsInvalid(err):
+				m.log.ErrorContext(ctx, "segment cannot be billed", "rental", chunk[i].RentalID, "attempt", chunk[i].Attempt, "err", err)
+			default:
 				errs = append(errs, err)
-				mu.Unlock()
 			}
-		}()
+		}
 	}
-	for _, ref := range refs {
-		work <- ref
-	}
-	close(work)
-	wg.Wait()
 	return len(refs), errors.Join(errs...)
 }
 

@@ -240,12 +240,70 @@ func CostReport(records []Record, tenantID, key string) []ReportLine {
 	return out
 }
 
-// Budget is a tenant's spending thresholds for a calendar month.
+// Budget is a tenant's spending thresholds for a calendar month: absolute
+// spends, or percentages of an amount, or both.
 type Budget struct {
+	// ID names the budget in the alerts (default "monthly").
+	ID       string `json:"id,omitempty"`
 	TenantID string `json:"tenant_id"`
 	Currency string `json:"currency"`
 	// ThresholdsMicros are the spends to be alerted at.
-	ThresholdsMicros []int64 `json:"thresholds_micros"`
+	ThresholdsMicros []int64 `json:"thresholds_micros,omitempty"`
+	// AmountMicros is the month's budget; ThresholdsPercent are alerted at
+	// that percentage of it (rounded down to the micro-unit).
+	AmountMicros      int64   `json:"amount_micros,omitempty"`
+	ThresholdsPercent []int32 `json:"thresholds_percent,omitempty"`
+}
+
+// DefaultBudgetID is the ID of a budget that names none.
+const DefaultBudgetID = "monthly"
+
+// Name is the budget's ID, or DefaultBudgetID.
+func (b Budget) Name() string {
+	if b.ID == "" {
+		return DefaultBudgetID
+	}
+	return b.ID
+}
+
+// Threshold is one spend a budget alerts at; Percent is 0 for an absolute
+// threshold.
+type Threshold struct {
+	Micros  int64
+	Percent int32
+}
+
+// Thresholds are the budget's thresholds in ascending order of spend; of
+// an absolute and a percentage threshold at the same spend, the percentage
+// is kept.
+func (b Budget) Thresholds() []Threshold {
+	byMicros := map[int64]Threshold{}
+	for _, t := range b.ThresholdsMicros {
+		if _, ok := byMicros[t]; !ok {
+			byMicros[t] = Threshold{Micros: t}
+		}
+	}
+	for _, p := range b.ThresholdsPercent {
+		t := b.AmountMicros/100*int64(p) + b.AmountMicros%100*int64(p)/100
+		byMicros[t] = Threshold{Micros: t, Percent: p}
+	}
+	out := make([]Threshold, 0, len(byMicros))
+	for _, t := range byMicros {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Micros < out[j].Micros })
+	return out
+}
+
+// Reached returns the thresholds a spend has reached, in ascending order.
+func (b Budget) Reached(spent int64) []Threshold {
+	var out []Threshold
+	for _, t := range b.Thresholds() {
+		if t.Micros > 0 && t.Micros <= spent {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // Crossed returns the thresholds a spend moving from before to after
@@ -253,11 +311,10 @@ type Budget struct {
 // the same increment crosses nothing new: a threshold is crossed once.
 func (b Budget) Crossed(before, after int64) []int64 {
 	var out []int64
-	for _, t := range b.ThresholdsMicros {
-		if before < t && t <= after {
-			out = append(out, t)
+	for _, t := range b.Thresholds() {
+		if before < t.Micros && t.Micros <= after {
+			out = append(out, t.Micros)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
 }

@@ -141,3 +141,25 @@ func TestCostReportSumsByLabel(t *testing.T) {
 		}
 	}
 }
+
+func TestBudgetThresholdsInPercentAreOfTheAmountRoundedDown(t *testing.T) {
+	t.Parallel()
+	b := ledger.Budget{TenantID: "acme", Currency: "USD", AmountMicros: 1_000_000_001, ThresholdsPercent: []int32{100, 50, 80},
+		ThresholdsMicros: []int64{800_000_000, 10}}
+	got := b.Thresholds()
+	want := []ledger.Threshold{{Micros: 10}, {Micros: 500_000_000, Percent: 50}, {Micros: 800_000_000, Percent: 80}, {Micros: 1_000_000_001, Percent: 100}}
+	if len(got) != len(want) {
+		t.Fatalf("thresholds %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("thresholds %v, want %v", got, want)
+		}
+	}
+	if r := b.Reached(800_000_000); len(r) != 3 || r[2].Percent != 80 {
+		t.Fatalf("reached at 800 USD: %v, want 10 µ, 50 %% and 80 %%", r)
+	}
+	if r := b.Reached(9); len(r) != 0 {
+		t.Fatalf("reached at 9 µ: %v, want none", r)
+	}
+}

@@ -26,9 +26,10 @@
 // placements are not topped up.
 //
 // Spot. Each second is billed at the market price of the model and zone in
-// force at its first instant (the catalogue's list price before the first
-// known market price). Seconds priced above the tenant's maximum are not
-// billed: the rental is being preempted.
+// force at its first instant; before the zone's first known market price,
+// at Tariff.Base (metering passes the catalogue's spot default of the
+// model, or its list price when the catalogue names none). Seconds priced
+// above the tenant's maximum are not billed: the rental is being preempted.
 package ledger
 
 import (
@@ -128,8 +129,8 @@ type PricePoint struct {
 // Tariff is what a segment is priced at.
 type Tariff struct {
 	// Base is the price per GPU-hour of the plan: on-demand list, the
-	// reserved rate, or for spot the list price used before the first
-	// known market price.
+	// reserved rate, or for spot the price used before the first known
+	// market price of the zone.
 	Base pricing.Money
 	// Spot is the market price history of the segment's model and zone,
 	// in any order; used only for PLAN_SPOT.

@@ -63,6 +63,10 @@ type InstanceType struct {
 	// PricePerGPUHourMicros is the on-demand list price of one whole GPU for
 	// one hour, in micro-units of the catalogue's currency.
 	PricePerGPUHourMicros int64 `json:"price_per_gpu_hour_micros"`
+	// SpotDefaultPerGPUHourMicros is the spot price of the model in a zone
+	// before the first market price of that zone is known (1..list price);
+	// 0 means the list price.
+	SpotDefaultPerGPUHourMicros int64 `json:"spot_default_price_per_gpu_hour_micros,omitempty"`
 	// Facts tenants compare on (not money, so plain numbers).
 	BF16TFLOPS          float64 `json:"bf16_tflops"`
 	FP32TFLOPS          float64 `json:"fp32_tflops"`
@@ -160,6 +164,9 @@ func (c *Catalogue) init() error {
 		if it.PricePerGPUHourMicros <= 0 || it.PricePerGPUHourMicros > MaxPriceMicros {
 			add("%s.price_per_gpu_hour_micros: %d is outside 1..%d", path, it.PricePerGPUHourMicros, int64(MaxPriceMicros))
 		}
+		if it.SpotDefaultPerGPUHourMicros < 0 || it.SpotDefaultPerGPUHourMicros > it.PricePerGPUHourMicros {
+			add("%s.spot_default_price_per_gpu_hour_micros: %d is outside 1..%d (the list price)", path, it.SpotDefaultPerGPUHourMicros, it.PricePerGPUHourMicros)
+		}
 		if it.BF16TFLOPS < 0 || it.FP32TFLOPS < 0 || it.MemoryBandwidthGBps < 0 {
 			add("%s: bf16_tflops, fp32_tflops and memory_bandwidth_gbps must not be negative", path)
 		}
@@ -214,6 +221,20 @@ func (c *Catalogue) OnDemand(model string) (Money, error) {
 	it, err := c.Type(model)
 	if err != nil {
 		return Money{}, err
+	}
+	return Money{Micros: it.PricePerGPUHourMicros, Currency: c.Currency}, nil
+}
+
+// SpotDefault returns the spot price of one whole GPU of model for one hour
+// before any market price of a zone is known: the catalogue's spot default,
+// or the list price when it names none.
+func (c *Catalogue) SpotDefault(model string) (Money, error) {
+	it, err := c.Type(model)
+	if err != nil {
+		return Money{}, err
+	}
+	if it.SpotDefaultPerGPUHourMicros > 0 {
+		return Money{Micros: it.SpotDefaultPerGPUHourMicros, Currency: c.Currency}, nil
 	}
 	return Money{Micros: it.PricePerGPUHourMicros, Currency: c.Currency}, nil
 }

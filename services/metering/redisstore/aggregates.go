@@ -31,41 +31,99 @@ type Applied struct {
 	// New is false when the record had been applied before.
 	New bool
 	// MonthBefore and MonthAfter are the tenant's spend in the record's
-	// month and currency around this record.
+	// month and currency around this record (both the spend now when the
+	// record had been applied before).
 	MonthBefore, MonthAfter int64
 }
 
+// applyScript folds usage records into the aggregates, each once per
+// record id, and returns per record: 1 when new (0 when applied before),
+// and the tenant's month spend before and after it.
+//
+//	ARGV: prefix, generation ('' for the current), then per record: id, day,
+//	      month, tenant, rental, plan|model, currency, micros,
+//	      milli-GPU-seconds, seconds, number of labels, key=value labels
 var applyScript = redis.NewScript(`
 local p = ARGV[1]
 local gen = ARGV[2]
 if gen == '' then gen = redis.call('GET', p .. 'agg:gen') or '0' end
 p = p .. 'agg:' .. gen .. ':'
-local id, day, month, tenant, rental, pm, cur = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local micros, mgs, secs = ARGV[10], ARGV[11], ARGV[12]
-if redis.call('SADD', p .. 'seen:' .. day, id) == 0 then return {0, '0', '0'} end
-local before = redis.call('HGET', p .. 'month:' .. tenant, month .. '|' .. cur) or '0'
-local after = redis.call('HINCRBY', p .. 'month:' .. tenant, month .. '|' .. cur, micros)
-redis.call('HINCRBY', p .. 'tenant:' .. tenant, cur, micros)
-redis.call('HINCRBY', p .. 'tenant:' .. tenant, 'mgs', mgs)
-redis.call('HINCRBY', p .. 'rental:' .. rental, 'micros', micros)
-redis.call('HINCRBY', p .. 'rental:' .. rental, 'mgs', mgs)
-redis.call('HINCRBY', p .. 'rental:' .. rental, 'seconds', secs)
-redis.call('HINCRBY', p .. 'day:' .. tenant .. ':' .. day, pm .. '|micros', micros)
-redis.call('HINCRBY', p .. 'day:' .. tenant .. ':' .. day, pm .. '|mgs', mgs)
-for i = 13, #ARGV do
-  redis.call('HINCRBY', p .. 'label:' .. tenant .. ':' .. month, ARGV[i] .. '|' .. cur, micros)
+local out = {}
+local i = 3
+while i <= #ARGV do
+  local id, day, month, tenant, rental, pm, cur = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4], ARGV[i+5], ARGV[i+6]
+  local micros, mgs, secs, nlabels = ARGV[i+7], ARGV[i+8], ARGV[i+9], tonumber(ARGV[i+10])
+  local mkey, mfield = p .. 'month:' .. tenant, month .. '|' .. cur
+  if redis.call('SADD', p .. 'seen:' .. day, id) == 0 then
+    local spent = redis.call('HGET', mkey, mfield) or '0'
+    out[#out+1] = 0
+    out[#out+1] = spent
+    out[#out+1] = spent
+  else
+    local before = redis.call('HGET', mkey, mfield) or '0'
+    local after = redis.call('HINCRBY', mkey, mfield, micros)
+    local tkey, rkey, dkey = p .. 'tenant:' .. tenant, p .. 'rental:' .. rental, p .. 'day:' .. tenant .. ':' .. day
+    redis.call('HINCRBY', tkey, cur, micros)
+    redis.call('HINCRBY', tkey, 'mgs', mgs)
+    redis.call('HINCRBY', rkey, 'micros', micros)
+    redis.call('HINCRBY', rkey, 'mgs', mgs)
+    redis.call('HINCRBY', rkey, 'seconds', secs)
+    redis.call('HINCRBY', dkey, pm .. '|micros', micros)
+    redis.call('HINCRBY', dkey, pm .. '|mgs', mgs)
+    for j = i + 11, i + 10 + nlabels do
+      redis.call('HINCRBY', p .. 'label:' .. tenant .. ':' .. month, ARGV[j] .. '|' .. cur, micros)
+    end
+    out[#out+1] = 1
+    out[#out+1] = before
+    out[#out+1] = tostring(after)
+  end
+  i = i + 11 + nlabels
 end
-return {1, before, tostring(after)}`)
+return out`)
 
 // Apply folds one usage record into the aggregates of generation gen (""
 // for the current one), once per record id.
 func (s *Store) Apply(ctx context.Context, gen string, r *shizuv1.UsageRecorded) (Applied, error) {
+	reply, err := s.pipe.run(ctx, applyScript, nil, s.appendRecord([]any{s.prefix, gen}, r)...)
+	if err != nil {
+		return Applied{}, fmt.Errorf("apply usage %s: %w", r.GetMeta().GetEventId(), err)
+	}
+	out, err := appliedReplies([]*shizuv1.UsageRecorded{r}, reply)
+	if err != nil {
+		return Applied{}, err
+	}
+	return out[0], nil
+}
+
+// ApplyAll is Apply for many records in one script call; each record is
+// still applied once per record id.
+func (s *Store) ApplyAll(ctx context.Context, gen string, rs []*shizuv1.UsageRecorded) ([]Applied, error) {
+	if len(rs) == 0 {
+		return nil, nil
+	}
+	args := make([]any, 0, 2+12*len(rs))
+	args = append(args, s.prefix, gen)
+	for _, r := range rs {
+		args = s.appendRecord(args, r)
+	}
+	reply, err := applyScript.Run(ctx, s.rdb, nil, args...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("apply %d usage records: %w", len(rs), err)
+	}
+	return appliedReplies(rs, reply)
+}
+
+func (s *Store) appendRecord(args []any, r *shizuv1.UsageRecorded) []any {
 	start := r.GetIntervalStart().AsTime().UTC()
-	pm := fmt.Sprintf("%d|%s", int32(r.GetPlan()), r.GetModel())
+	pm := strconv.Itoa(int(r.GetPlan())) + "|" + r.GetModel()
 	mgs := int64(r.GetGpuCount()) * int64(r.GetMilliGpu()) * r.GetSeconds()
-	args := []any{s.prefix, gen, r.GetMeta().GetEventId(), start.Format(time.DateOnly), start.Format("2006-01"),
+	args = append(args, r.GetMeta().GetEventId(), start.Format(time.DateOnly), start.Format("2006-01"),
 		r.GetTenantId(), r.GetRentalId(), pm, r.GetAmount().GetCurrency(),
-		strconv.FormatInt(r.GetAmount().GetMicros(), 10), strconv.FormatInt(mgs, 10), strconv.FormatInt(r.GetSeconds(), 10)}
+		strconv.FormatInt(r.GetAmount().GetMicros(), 10), strconv.FormatInt(mgs, 10), strconv.FormatInt(r.GetSeconds(), 10),
+		len(r.GetLabels()))
+	if len(r.GetLabels()) == 0 {
+		return args
+	}
 	keys := make([]string, 0, len(r.GetLabels()))
 	for k, v := range r.GetLabels() {
 		keys = append(keys, k+"="+v)
@@ -74,17 +132,23 @@ func (s *Store) Apply(ctx context.Context, gen string, r *shizuv1.UsageRecorded)
 	for _, k := range keys {
 		args = append(args, k)
 	}
-	reply, err := s.pipe.run(ctx, applyScript, nil, args...)
-	if err != nil {
-		return Applied{}, fmt.Errorf("apply usage %s: %w", r.GetMeta().GetEventId(), err)
-	}
+	return args
+}
+
+func appliedReplies(rs []*shizuv1.UsageRecorded, reply any) ([]Applied, error) {
 	res, ok := reply.([]any)
-	if !ok || len(res) != 3 {
-		return Applied{}, fmt.Errorf("apply usage %s: unexpected reply %v", r.GetMeta().GetEventId(), reply)
+	if !ok || len(res) != 3*len(rs) {
+		return nil, fmt.Errorf("apply %d usage records: unexpected reply %v", len(rs), reply)
 	}
-	out := Applied{New: res[0].(int64) == 1}
-	out.MonthBefore, _ = strconv.ParseInt(fmt.Sprint(res[1]), 10, 64)
-	out.MonthAfter, _ = strconv.ParseInt(fmt.Sprint(res[2]), 10, 64)
+	out := make([]Applied, len(rs))
+	for i := range rs {
+		n, _ := res[3*i].(int64)
+		before, _ := res[3*i+1].(string)
+		after, _ := res[3*i+2].(string)
+		out[i].New = n == 1
+		out[i].MonthBefore, _ = strconv.ParseInt(before, 10, 64)
+		out[i].MonthAfter, _ = strconv.ParseInt(after, 10, 64)
+	}
 	return out, nil
 }
 

@@ -71,32 +71,152 @@ func parseMember(m string) (SegmentRef, error) {
 
 func nanos(t time.Time) string { return strconv.FormatInt(t.UnixNano(), 10) }
 
-// mergeScript merges one event's fields into a segment and returns the
-// segment's hash and the last heartbeat of the node this placement was lost
-// on, if it was, in one round trip.
+// mergeScript merges the fields of the events of one or more segments (in
+// order) and returns, per segment, its hash and the last heartbeat of the
+// node this placement was lost on, if it was: a batch of events is one
+// script call.
 //
-//	KEYS: seg, lost, due, attempts
-//	ARGV: mode (sched|start|stop|get), due member, due score, attempt, field, value, ...
+//	KEYS: due, then per segment: seg, lost, attempts
+//	ARGV: per segment: due member, attempt, number of events, then per
+//	      event: mode (sched|start|stop), due score, n, n field/value pairs
+//
+// A start sets only the fields not set yet (the first start reported
+// wins); the other events overwrite theirs with the same values on a
+// redelivery.
 var mergeScript = redis.NewScript(`
-local mode = ARGV[1]
-if mode == 'start' then
-  for i = 5, #ARGV, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i+1]) end
-elseif mode ~= 'get' then
-  for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i+1]) end
+local out = {}
+local i = 1
+local k = 2
+while i <= #ARGV do
+  local seg, lost, att = KEYS[k], KEYS[k+1], KEYS[k+2]
+  local member, attempt, events = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2])
+  i = i + 3
+  for _ = 1, events do
+    local mode, due, n = ARGV[i], ARGV[i+1], tonumber(ARGV[i+2])
+    local first, last = i + 3, i + 2 + 2 * n
+    if mode == 'start' then
+      for j = first, last, 2 do redis.call('HSETNX', seg, ARGV[j], ARGV[j+1]) end
+    elseif n > 0 then
+      redis.call('HSET', seg, unpack(ARGV, first, last))
+    end
+    if mode == 'start' or mode == 'stop' then redis.call('ZADD', KEYS[1], 'NX', due, member) end
+    if mode == 'start' or mode == 'sched' then redis.call('SADD', att, attempt) end
+    i = last + 1
+  end
+  out[#out+1] = redis.call('HGETALL', seg)
+  out[#out+1] = redis.call('HGET', lost, attempt) or false
+  k = k + 3
 end
-if mode == 'start' or mode == 'stop' then redis.call('ZADD', KEYS[3], 'NX', ARGV[3], ARGV[2]) end
-if mode == 'start' or mode == 'sched' then redis.call('SADD', KEYS[4], ARGV[4]) end
-local h = redis.call('HGETALL', KEYS[1])
-local lost = redis.call('HGET', KEYS[2], ARGV[4])
-return {h, lost}`)
+return out`)
 
-func (s *Store) merge(ctx context.Context, ref SegmentRef, mode string, due time.Time, fields ...any) (ledger.SegmentState, error) {
-	args := append([]any{mode, ref.member(), due.Unix(), ref.Attempt}, fields...)
-	out, err := s.pipe.run(ctx, mergeScript, []string{s.segKey(ref.RentalID, ref.Attempt), s.lostKey(ref.RentalID),
-		s.dueKey(), s.attKey(ref.RentalID)}, args...)
+// SegmentEvent is one event's change to a segment, for MergeSegments.
+type SegmentEvent struct {
+	Ref    SegmentRef
+	mode   string
+	due    int64
+	fields []any
+}
+
+// ScheduledEvent is the change RentalScheduled makes: the placement's
+// pricing facts.
+func ScheduledEvent(st ledger.SegmentState) (SegmentEvent, error) {
+	labels, err := json.Marshal(st.Labels)
 	if err != nil {
-		return ledger.SegmentState{}, fmt.Errorf("segment %s: %w", ref.member(), err)
+		return SegmentEvent{}, err
 	}
+	f := []any{"sched", 1, "tenant", st.TenantID, "node", st.NodeID, "plan", int32(st.Plan),
+		"model", st.Model, "zone", st.Zone, "gpus", st.GPUCount, "milli", st.MilliGPU, "labels", labels}
+	if st.MaxSpot != nil {
+		f = append(f, "maxspot", st.MaxSpot.Micros, "maxspotcur", st.MaxSpot.Currency)
+	}
+	return SegmentEvent{Ref: SegmentRef{RentalID: st.RentalID, Attempt: st.Attempt}, mode: "sched", fields: f}, nil
+}
+
+// StartedEvent is the change RentalStarted makes: it records the start
+// (the first reported wins) and makes the segment due for closing at due
+// unless it already is.
+func StartedEvent(ref SegmentRef, node string, at, due time.Time) SegmentEvent {
+	return SegmentEvent{Ref: ref, mode: "start", due: due.Unix(), fields: []any{"start", nanos(at), "startnode", node}}
+}
+
+// StoppedEvent is the change RentalStopped makes: it records the end.
+func StoppedEvent(ref SegmentRef, startedAt, stoppedAt time.Time, reason shizuv1.ExitReason) SegmentEvent {
+	return SegmentEvent{Ref: ref, mode: "stop", due: stoppedAt.Unix(),
+		fields: []any{"sstart", nanos(startedAt), "stop", nanos(stoppedAt), "exit", int32(reason)}}
+}
+
+// MergeSegments merges events into their segments, one atomic script per
+// segment and all of them in one pipeline, and returns the state of each
+// segment after its events, in the order the segments first appear. A
+// segment named by a SegmentEvent with no change (SegmentEvent{Ref: r}) is
+// only loaded.
+func (s *Store) MergeSegments(ctx context.Context, events []SegmentEvent) ([]ledger.SegmentState, error) {
+	type group struct {
+		ref    SegmentRef
+		events []SegmentEvent
+	}
+	var groups []*group
+	byRef := make(map[SegmentRef]*group, len(events))
+	for _, ev := range events {
+		g, ok := byRef[ev.Ref]
+		if !ok {
+			g = &group{ref: ev.Ref}
+			byRef[ev.Ref] = g
+			groups = append(groups, g)
+		}
+		if ev.mode != "" {
+			g.events = append(g.events, ev)
+		}
+	}
+	if len(groups) == 0 {
+		return nil, nil
+	}
+	keys := make([]string, 0, 1+3*len(groups))
+	keys = append(keys, s.dueKey())
+	args := make([]any, 0, 3*len(groups)+3*len(events)+8*len(events))
+	for _, g := range groups {
+		keys = append(keys, s.segKey(g.ref.RentalID, g.ref.Attempt), s.lostKey(g.ref.RentalID), s.attKey(g.ref.RentalID))
+		args = append(args, g.ref.member(), g.ref.Attempt, len(g.events))
+		for _, ev := range g.events {
+			args = append(args, ev.mode, ev.due, len(ev.fields)/2)
+			args = append(args, ev.fields...)
+		}
+	}
+	reply, err := mergeScript.Run(ctx, s.rdb, keys, args...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("merge %d segments: %w", len(groups), err)
+	}
+	res, ok := reply.([]any)
+	if !ok || len(res) != 2*len(groups) {
+		return nil, fmt.Errorf("merge %d segments: unexpected reply of %d values", len(groups), len(res))
+	}
+	out := make([]ledger.SegmentState, len(groups))
+	for i, g := range groups {
+		st, err := parseReply(g.ref, res[2*i:2*i+2])
+		if err != nil {
+			return nil, err
+		}
+		out[i] = st
+	}
+	return out, nil
+}
+
+func (s *Store) merge(ctx context.Context, ev SegmentEvent) (ledger.SegmentState, error) {
+	keys := []string{s.dueKey(), s.segKey(ev.Ref.RentalID, ev.Ref.Attempt), s.lostKey(ev.Ref.RentalID), s.attKey(ev.Ref.RentalID)}
+	args := []any{ev.Ref.member(), ev.Ref.Attempt, 0}
+	if ev.mode != "" {
+		args[2] = 1
+		args = append(args, ev.mode, ev.due, len(ev.fields)/2)
+		args = append(args, ev.fields...)
+	}
+	out, err := s.pipe.run(ctx, mergeScript, keys, args...)
+	if err != nil {
+		return ledger.SegmentState{}, fmt.Errorf("segment %s: %w", ev.Ref.member(), err)
+	}
+	return parseReply(ev.Ref, out)
+}
+
+func parseReply(ref SegmentRef, out any) (ledger.SegmentState, error) {
 	res, ok := out.([]any)
 	if !ok || len(res) != 2 {
 		return ledger.SegmentState{}, fmt.Errorf("segment %s: unexpected reply %v", ref.member(), out)
@@ -104,7 +224,9 @@ func (s *Store) merge(ctx context.Context, ref SegmentRef, mode string, due time
 	flat, _ := res[0].([]any)
 	h := make(map[string]string, len(flat)/2)
 	for i := 0; i+1 < len(flat); i += 2 {
-		h[fmt.Sprint(flat[i])] = fmt.Sprint(flat[i+1])
+		k, _ := flat[i].(string)
+		v, _ := flat[i+1].(string)
+		h[k] = v
 	}
 	lost, _ := res[1].(string)
 	return parseSegment(ref, h, lost)
@@ -113,28 +235,23 @@ func (s *Store) merge(ctx context.Context, ref SegmentRef, mode string, due time
 // Scheduled records the pricing facts of a placement and returns what is
 // known of it.
 func (s *Store) Scheduled(ctx context.Context, st ledger.SegmentState) (ledger.SegmentState, error) {
-	labels, err := json.Marshal(st.Labels)
+	ev, err := ScheduledEvent(st)
 	if err != nil {
 		return st, err
 	}
-	f := []any{"sched", 1, "tenant", st.TenantID, "node", st.NodeID, "plan", int32(st.Plan),
-		"model", st.Model, "zone", st.Zone, "gpus", st.GPUCount, "milli", st.MilliGPU, "labels", labels}
-	if st.MaxSpot != nil {
-		f = append(f, "maxspot", st.MaxSpot.Micros, "maxspotcur", st.MaxSpot.Currency)
-	}
-	return s.merge(ctx, SegmentRef{RentalID: st.RentalID, Attempt: st.Attempt}, "sched", time.Time{}, f...)
+	return s.merge(ctx, ev)
 }
 
 // Started records the start of a placement, makes it due for closing at
 // due (unless it already is) and returns what is known of it. The first
 // start reported wins.
 func (s *Store) Started(ctx context.Context, ref SegmentRef, node string, at, due time.Time) (ledger.SegmentState, error) {
-	return s.merge(ctx, ref, "start", due, "start", nanos(at), "startnode", node)
+	return s.merge(ctx, StartedEvent(ref, node, at, due))
 }
 
 // Stopped records the end of a placement and returns what is known of it.
 func (s *Store) Stopped(ctx context.Context, ref SegmentRef, startedAt, stoppedAt time.Time, reason shizuv1.ExitReason) (ledger.SegmentState, error) {
-	return s.merge(ctx, ref, "stop", stoppedAt, "sstart", nanos(startedAt), "stop", nanos(stoppedAt), "exit", int32(reason))
+	return s.merge(ctx, StoppedEvent(ref, startedAt, stoppedAt, reason))
 }
 
 // Lost records the last heartbeat of the node that placement attempt of a
@@ -152,7 +269,7 @@ return 1`)
 
 // Segment loads what is known of a placement.
 func (s *Store) Segment(ctx context.Context, ref SegmentRef) (ledger.SegmentState, error) {
-	return s.merge(ctx, ref, "get", time.Time{})
+	return s.merge(ctx, SegmentEvent{Ref: ref})
 }
 
 func parseSegment(ref SegmentRef, h map[string]string, lost string) (ledger.SegmentState, error) {
@@ -193,25 +310,63 @@ func parseSegment(ref SegmentRef, h map[string]string, lost string) (ledger.Segm
 }
 
 // Advance moves a segment's cursor forward (never back) and schedules its
-// next closing at due, or, when finished, takes it off the due list.
-func (s *Store) Advance(ctx context.Context, ref SegmentRef, cursor time.Time, due time.Time, finished bool) error {
+// next closing at Due, or, when Finished, takes it off the due list.
+type Advance struct {
+	Ref      SegmentRef
+	Cursor   time.Time
+	Due      time.Time
+	Finished bool
+}
+
+func (s *Store) advanceArgs(keys []string, args []any, a Advance) ([]string, []any) {
 	fin := "0"
-	if finished {
+	if a.Finished {
 		fin = "1"
 	}
-	_, err := s.pipe.run(ctx, advanceScript, []string{s.segKey(ref.RentalID, ref.Attempt), s.dueKey()},
-		nanos(cursor), strconv.FormatInt(due.Unix(), 10), ref.member(), fin)
+	return append(keys, s.segKey(a.Ref.RentalID, a.Ref.Attempt)),
+		append(args, nanos(a.Cursor), strconv.FormatInt(a.Due.Unix(), 10), a.Ref.member(), fin)
+}
+
+// Advance applies one Advance.
+func (s *Store) Advance(ctx context.Context, a Advance) error {
+	keys, args := s.advanceArgs([]string{s.dueKey()}, nil, a)
+	_, err := s.pipe.run(ctx, advanceScript, keys, args...)
 	return err
 }
 
+// AdvanceAll applies advances in one script call.
+func (s *Store) AdvanceAll(ctx context.Context, as []Advance) error {
+	if len(as) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, 1+len(as))
+	keys = append(keys, s.dueKey())
+	args := make([]any, 0, 4*len(as))
+	for _, a := range as {
+		keys, args = s.advanceArgs(keys, args, a)
+	}
+	if err := advanceScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+		return fmt.Errorf("advance %d segments: %w", len(as), err)
+	}
+	return nil
+}
+
+// advanceScript moves cursors forward (never back) and reschedules or
+// finishes segments.
+//
+//	KEYS: due, then one segment per advance
+//	ARGV: per advance: cursor, due score, due member, finished (0|1)
 var advanceScript = redis.NewScript(`
-local cur = redis.call('HGET', KEYS[1], 'cursor')
-if (not cur) or tonumber(ARGV[1]) > tonumber(cur) then redis.call('HSET', KEYS[1], 'cursor', ARGV[1]) end
-if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[1], 'done', 1)
-  redis.call('ZREM', KEYS[2], ARGV[3])
-else
-  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+for n = 2, #KEYS do
+  local seg, i = KEYS[n], 4 * (n - 2) + 1
+  local cur = redis.call('HGET', seg, 'cursor')
+  if (not cur) or tonumber(ARGV[i]) > tonumber(cur) then redis.call('HSET', seg, 'cursor', ARGV[i]) end
+  if ARGV[i+3] == '1' then
+    redis.call('HSET', seg, 'done', 1)
+    redis.call('ZREM', KEYS[1], ARGV[i+2])
+  else
+    redis.call('ZADD', KEYS[1], ARGV[i+1], ARGV[i+2])
+  end
 end
 return 1`)
 

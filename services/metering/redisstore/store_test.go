@@ -132,3 +132,80 @@ func TestALossEndsOnlyThePlacementItWasReportedFor(t *testing.T) {
 		t.Fatalf("attempt 2 inherited attempt 1's loss: lost %s end %s (%v)", st.LostAt, st.End(), err)
 	}
 }
+
+// A batch merges the events of many segments in one call: each segment
+// gets its own events in order (the first start wins), a ref with no
+// change is only loaded, and the states come back in first-seen order.
+func TestMergingABatchGivesEachSegmentItsOwnEvents(t *testing.T) {
+	t.Parallel()
+	rdb := testkit.StartRedis(t).Client(t)
+	s := redisstore.New(rdb, "")
+	ctx := context.Background()
+	a := redisstore.SegmentRef{RentalID: "r-a", Attempt: 1}
+	b := redisstore.SegmentRef{RentalID: "r-b", Attempt: 2}
+	c := redisstore.SegmentRef{RentalID: "r-c", Attempt: 1}
+	sched, err := redisstore.ScheduledEvent(ledger.SegmentState{RentalID: "r-b", Attempt: 2, TenantID: "acme", NodeID: "node-2",
+		Plan: shizuv1.Plan_PLAN_SPOT, Model: "H100-SXM5-80GB", Zone: "eu-1", GPUCount: 4, MilliGPU: 1000, Labels: map[string]string{"team": "nlp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	states, err := s.MergeSegments(ctx, []redisstore.SegmentEvent{
+		redisstore.StartedEvent(a, "node-1", t0, t0.Add(time.Minute)),
+		sched,
+		redisstore.StartedEvent(a, "node-9", t0.Add(time.Hour), t0.Add(time.Hour)), // a later start report loses
+		redisstore.StoppedEvent(b, t0, t0.Add(90*time.Second), shizuv1.ExitReason_EXIT_REASON_COMPLETED),
+		{Ref: c}, // only loaded
+		redisstore.StoppedEvent(a, t0, t0.Add(30*time.Second), shizuv1.ExitReason_EXIT_REASON_CANCELLED),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(states) != 3 || states[0].RentalID != "r-a" || states[1].RentalID != "r-b" || states[2].RentalID != "r-c" {
+		t.Fatalf("states %+v, want r-a, r-b, r-c", states)
+	}
+	if sa := states[0]; !sa.StartedAt.Equal(t0) || sa.NodeID != "node-1" || !sa.StoppedAt.Equal(t0.Add(30*time.Second)) || sa.Scheduled {
+		t.Fatalf("r-a: %+v", sa)
+	}
+	if sb := states[1]; !sb.Scheduled || sb.GPUCount != 4 || sb.Labels["team"] != "nlp" || !sb.StoppedAt.Equal(t0.Add(90*time.Second)) || !sb.StartedAt.IsZero() {
+		t.Fatalf("r-b: %+v", sb)
+	}
+	if sc := states[2]; sc.Scheduled || !sc.StartedAt.IsZero() {
+		t.Fatalf("r-c was only loaded, yet %+v", sc)
+	}
+	attempts, err := s.Attempts(ctx, "r-b")
+	if err != nil || len(attempts) != 1 || attempts[0] != 2 {
+		t.Fatalf("attempts of r-b %v (%v), want [2]", attempts, err)
+	}
+	if err := s.AdvanceAll(ctx, []redisstore.Advance{
+		{Ref: a, Cursor: t0.Add(30 * time.Second), Finished: true},
+		{Ref: b, Cursor: t0.Add(time.Minute), Due: t0.Add(2 * time.Minute)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	due, err := s.Due(ctx, t0.Add(time.Hour), 10)
+	if err != nil || len(due) != 1 || due[0] != b {
+		t.Fatalf("due %v (%v), want only r-b (r-a finished)", due, err)
+	}
+}
+
+// A record repeated inside one batch is applied once, and a repeat reports
+// the month's spend as it is.
+func TestApplyingABatchCountsEachRecordIdOnce(t *testing.T) {
+	t.Parallel()
+	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
+	ctx := context.Background()
+	got, err := s.ApplyAll(ctx, "", []*shizuv1.UsageRecorded{usage("usage:r-1:a", 700), usage("usage:r-1:b", 300), usage("usage:r-1:a", 700)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []redisstore.Applied{{New: true, MonthBefore: 0, MonthAfter: 700}, {New: true, MonthBefore: 700, MonthAfter: 1000},
+		{New: false, MonthBefore: 1000, MonthAfter: 1000}}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("applied %+v, want %+v", got, want)
+		}
+	}
+	if total, err := s.TenantTotal(ctx, "acme", "USD"); err != nil || total != 1000 {
+		t.Fatalf("tenant total %d (%v), want 1000", total, err)
+	}
+}

@@ -1,0 +1,194 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/shizu-gpu/shizu/shared/fault"
+)
+
+// BatchHandlerFunc processes deliveries together, so their effects can
+// share round trips (one Redis pipeline, one async publish batch). It
+// returns one outcome per delivery, in order, with the meaning of a
+// HandlerFunc's error: nil acks, fault.ErrInvalid dead-letters, anything
+// else redelivers after a backoff delay. A nil slice acks every delivery.
+//
+// A delivery is acknowledged only after the handler returned, so its
+// effects must be durable by then; as with FastAck, a lost ack redelivers,
+// which the handler must absorb (its effects idempotent on the event id).
+type BatchHandlerFunc func(ctx context.Context, ds []Delivery) []error
+
+// BatchOptions tune a batch subscription.
+type BatchOptions struct {
+	// MaxBatch is the most deliveries handed to the handler at once
+	// (default 500). A batch holds what has arrived; it never waits to fill.
+	MaxBatch int
+	// Concurrency is how many batches are handled at once (default 1).
+	Concurrency int
+	// RetryDelays and FastAck are as in ConsumeOptions.
+	RetryDelays []time.Duration
+	FastAck     bool
+}
+
+// ConsumeBatch is Consume for a handler of batches. Deliveries without a
+// Shizu-Event header keep an empty Event. Exhausted deliveries are
+// forwarded to the dead letters as with Consume.
+func (c *Conn) ConsumeBatch(ctx context.Context, spec Consumer, h BatchHandlerFunc, opts BatchOptions) (*Subscription, error) {
+	cons, err := c.EnsureConsumer(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	spec = spec.withDefaults()
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = 500
+	}
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = 1
+	}
+	s := &Subscription{queue: make(chan jetstream.Msg, opts.MaxBatch)}
+	w := &worker{c: c, spec: spec, opts: ConsumeOptions{RetryDelays: opts.RetryDelays, FastAck: opts.FastAck}}
+	hctx := context.WithoutCancel(ctx)
+	for range opts.Concurrency {
+		s.workers.Add(1)
+		go func() {
+			defer s.workers.Done()
+			batch := make([]jetstream.Msg, 0, opts.MaxBatch)
+			for m := range s.queue {
+				batch = append(batch[:0], m)
+			fill:
+				for len(batch) < opts.MaxBatch {
+					select {
+					case m, ok := <-s.queue:
+						if !ok {
+							break fill
+						}
+						batch = append(batch, m)
+					default:
+						break fill
+					}
+				}
+				w.handleBatch(hctx, h, batch)
+				clear(batch)
+			}
+		}()
+	}
+	pull := min(max(64, 2*opts.MaxBatch*opts.Concurrency), spec.MaxAckPending)
+	cc, err := cons.Consume(func(m jetstream.Msg) { s.queue <- m },
+		jetstream.PullMaxMessages(pull),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			c.log.Warn("consume error", "consumer", spec.Durable, "err", err)
+		}))
+	if err != nil {
+		s.stopWorkers()
+		return nil, fmt.Errorf("consume %s: %w", spec.Durable, err)
+	}
+	s.cc = cc
+	s.fwd, err = c.forwardExhausted(ctx, spec)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		c.log.Warn("deliveries the server gives up on will not be dead-lettered: stream missing; run shizu provision",
+			"consumer", spec.Durable, "stream", AdvisoryStream)
+	} else if err != nil {
+		_ = s.Drain(ctx)
+		return nil, fmt.Errorf("consume %s: %w", spec.Durable, err)
+	}
+	return s, nil
+}
+
+func (w *worker) handleBatch(ctx context.Context, h BatchHandlerFunc, msgs []jetstream.Msg) {
+	ds := make([]Delivery, 0, len(msgs))
+	kept := msgs[:0:len(msgs)]
+	for _, m := range msgs {
+		md, err := m.Metadata()
+		if err != nil {
+			w.c.log.Error("delivery without metadata", "consumer", w.spec.Durable, "err", err)
+			_ = m.Nak()
+			continue
+		}
+		hdr := m.Headers()
+		ds = append(ds, Delivery{Subject: m.Subject(), Event: hdr.Get(HeaderEvent), MsgID: hdr.Get(HeaderMsgID),
+			Header: hdr, Data: m.Data(), Delivered: md.NumDelivered, StreamSeq: md.Sequence.Stream})
+		kept = append(kept, m)
+	}
+	if len(ds) == 0 {
+		return
+	}
+	ctx, span := w.c.tracer.Start(ctx, "process batch "+w.spec.Durable,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "nats"),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.consumer.group.name", w.spec.Durable),
+			attribute.Int("messaging.batch.message_count", len(ds))))
+	defer span.End()
+	start := time.Now()
+	outcomes := h(ctx, ds)
+	w.c.metrics.handle.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(attrConsumer.String(w.spec.Durable), attrEvent.String("batch")))
+	if outcomes != nil && len(outcomes) != len(ds) {
+		err := fmt.Errorf("batch handler returned %d outcomes for %d deliveries", len(outcomes), len(ds))
+		span.SetStatus(codes.Error, err.Error())
+		w.c.log.ErrorContext(ctx, "batch handler broke its contract; redelivering", "consumer", w.spec.Durable, "err", err)
+		for i, m := range kept {
+			_ = m.NakWithDelay(w.opts.RetryDelay(ds[i].Delivered))
+		}
+		return
+	}
+	var acked []jetstream.Msg
+	ackedBy := map[string]int64{} // counted once per event name, not per delivery
+	for i, m := range kept {
+		var herr error
+		if outcomes != nil {
+			herr = outcomes[i]
+		}
+		d := ds[i]
+		switch {
+		case herr == nil:
+			acked = append(acked, m)
+			ackedBy[d.Event]++
+		case fault.IsInvalid(herr):
+			span.SetStatus(codes.Error, herr.Error())
+			w.deadLetter(ctx, m, d, herr.Error())
+		case int(d.Delivered) >= w.spec.MaxDeliver:
+			span.SetStatus(codes.Error, herr.Error())
+			w.deadLetter(ctx, m, d, fmt.Sprintf("max deliveries (%d) reached; last error: %v", w.spec.MaxDeliver, herr))
+		default:
+			span.RecordError(herr)
+			delay := w.opts.RetryDelay(d.Delivered)
+			w.c.log.WarnContext(ctx, "handler failed; redelivering", "consumer", w.spec.Durable, "event", d.Event,
+				"msg_id", d.MsgID, "delivered", d.Delivered, "in", delay, "err", herr)
+			w.count(ctx, outcomeRetry, d.Event)
+			if err := m.NakWithDelay(delay); err != nil {
+				w.c.log.ErrorContext(ctx, "nak failed; the server redelivers after ack wait", "consumer", w.spec.Durable, "err", err)
+			}
+		}
+	}
+	w.ackAll(ctx, acked)
+	for event, n := range ackedBy {
+		w.c.metrics.consumed.Add(ctx, n, metric.WithAttributes(
+			attrConsumer.String(w.spec.Durable), attrOutcome.String(outcomeAck), attrEvent.String(event)))
+	}
+}
+
+// ackAll acknowledges msgs: at once when FastAck, else all confirmations
+// awaited together.
+func (w *worker) ackAll(ctx context.Context, msgs []jetstream.Msg) {
+	if w.opts.FastAck || len(msgs) < 2 {
+		for _, m := range msgs {
+			w.ack(ctx, m)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for _, m := range msgs {
+		wg.Go(func() { w.ack(ctx, m) })
+	}
+	wg.Wait()
+}

@@ -1,0 +1,79 @@
+package bus_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/testkit"
+)
+
+// A batch handler's outcomes act per delivery: nil acks, invalid
+// dead-letters with the reason, anything else redelivers that delivery
+// only.
+func TestBatchOutcomesAreAppliedPerDelivery(t *testing.T) {
+	t.Parallel()
+	_, c := setup(t, bus.Instruments{})
+	var mu sync.Mutex
+	seen := map[string][]uint64{} // msg id -> delivery counts
+	var batches []int
+	h := func(_ context.Context, ds []bus.Delivery) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		batches = append(batches, len(ds))
+		out := make([]error, len(ds))
+		for i, d := range ds {
+			seen[d.MsgID] = append(seen[d.MsgID], d.Delivered)
+			switch {
+			case d.MsgID == "b-bad":
+				out[i] = fault.Invalid("rental %s is malformed", d.MsgID)
+			case d.MsgID == "b-flaky" && d.Delivered == 1:
+				out[i] = fault.Unavailable("redis is restarting")
+			}
+		}
+		return out
+	}
+	sub, err := c.ConsumeBatch(t.Context(), testConsumer("batch", 5), h,
+		bus.BatchOptions{MaxBatch: 4, RetryDelays: []time.Duration{100 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Drain(context.Background()) })
+	ids := []string{"b-1", "b-2", "b-bad", "b-flaky", "b-3", "b-4", "b-5", "b-6", "b-7"}
+	for _, id := range ids {
+		if _, err := c.Publish(t.Context(), requestedSubject, rentalRequested(id, "r-"+id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.Eventually(t, 20*time.Second, func() error {
+		info := consumerInfo(t, c, "batch")
+		if info.NumPending > 0 || info.NumAckPending > 0 || len(deadLetters(t, c)) != 1 {
+			return fmt.Errorf("%d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		want := []uint64{1}
+		if id == "b-flaky" {
+			want = []uint64{1, 2}
+		}
+		if !slices.Equal(seen[id], want) {
+			t.Errorf("%s delivered %v, want %v", id, seen[id], want)
+		}
+	}
+	for _, n := range batches {
+		if n < 1 || n > 4 {
+			t.Errorf("batch of %d deliveries, want 1..4", n)
+		}
+	}
+	if got := deadLetters(t, c)[0].Headers().Get(bus.HeaderDLQReason); got != "rental b-bad is malformed" {
+		t.Fatalf("dead-letter reason %q", got)
+	}
+}
