@@ -53,9 +53,10 @@ type Config struct {
 	// one late heartbeat does not move anything.
 	Confirm time.Duration
 	// DisconnectGrace: after the agent's connection closed, the node is lost
-	// once this long has passed since its last beat (and none came since).
-	// A little over the heartbeat interval: a crash is handled in about a
-	// second instead of a TTL.
+	// unless it beats within this long of the disconnect. An agent beats at
+	// once when its connection comes back (services/node-agent), so the
+	// grace only has to cover a reconnect, not a heartbeat interval: a crash
+	// is handled in about half a second instead of a TTL.
 	DisconnectGrace time.Duration
 	// FlapWindow and FlapThreshold: a node lost FlapThreshold times within
 	// FlapWindow is quarantined when it comes back.
@@ -71,7 +72,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Confirm:         500 * time.Millisecond,
-		DisconnectGrace: 1500 * time.Millisecond,
+		DisconnectGrace: 500 * time.Millisecond,
 		FlapWindow:      10 * time.Minute,
 		FlapThreshold:   3,
 		QuarantineBase:  time.Minute,
@@ -312,13 +313,13 @@ func (d *Detector) newLife(n *node, epoch uint64, at time.Time) {
 }
 
 // disconnectDue is when a disconnected node without a newer beat is lost:
-// grace after its last beat, or after the disconnect if no beat was seen.
+// grace after the disconnect. (Measured from the last beat instead, the
+// grace would have to outlast a whole heartbeat interval for a reconnected
+// agent's next regular beat to clear it, and detection would take between
+// grace minus the interval and grace after a crash, depending on where in
+// its interval the agent died.)
 func (n *node) disconnectDue(grace time.Duration) time.Time {
-	ref := n.lastBeat
-	if ref.IsZero() {
-		ref = n.disconnectedAt
-	}
-	return ref.Add(grace)
+	return n.disconnectedAt.Add(grace)
 }
 
 func (n *node) recentLosses(now time.Time, window time.Duration) int {

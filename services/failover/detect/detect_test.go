@@ -59,12 +59,12 @@ func TestDetection(t *testing.T) {
 			[]step{{0, beat("n1", 3)}, {ms(3000), expire("n1")}, {ms(3200), beat("n1", 3)}}, ms(5000), ReasonUnknown, 0},
 		{"an expiry marker older than the last beat is ignored",
 			[]step{{ms(3100), beat("n1", 3)}, {ms(3000), expire("n1")}}, ms(9000), ReasonUnknown, 0},
-		{"a disconnect is a loss a grace after the last beat, long before the TTL",
-			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}}, ms(1500), ReasonDisconnected, 2},
-		{"a disconnect is only suspect before the grace after the last beat",
-			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}}, ms(1400), ReasonUnknown, 0},
+		{"a disconnect is a loss a grace after the disconnect, long before the TTL",
+			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}}, ms(800), ReasonDisconnected, 2},
+		{"a disconnect is only suspect within the grace after it",
+			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}}, ms(700), ReasonUnknown, 0},
 		{"a disconnect followed by a beat (a quick reconnect) is no loss",
-			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}, {ms(900), beat("n1", 2)}}, ms(2000), ReasonUnknown, 0},
+			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}, {ms(600), beat("n1", 2)}}, ms(2000), ReasonUnknown, 0},
 		{"a node that reports itself failed is lost at once",
 			[]step{{0, beat("n1", 4)}, {ms(10), func(d *Detector, at time.Time) { d.Failed("n1", 4, at) }}}, ms(10), ReasonFatalHealth, 4},
 		{"a failure report of an older registration is ignored",
@@ -262,8 +262,8 @@ func TestNextWakeIsTheEarliestPendingDecision(t *testing.T) {
 	d.Beat("n1", 1, t0)
 	d.Expired("n1", t0.Add(3*time.Second))
 	d.Beat("n2", 1, t0.Add(2*time.Second))
-	d.Disconnected("n2", t0.Add(2100*time.Millisecond))
-	if got, want := d.NextWake(t0.Add(3*time.Second)), t0.Add(3500*time.Millisecond); !got.Equal(want) {
+	d.Disconnected("n2", t0.Add(2800*time.Millisecond))
+	if got, want := d.NextWake(t0.Add(3*time.Second)), t0.Add(3300*time.Millisecond); !got.Equal(want) {
 		t.Fatalf("next wake %s, want %s (the disconnect grace)", got, want)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
@@ -57,6 +58,9 @@ type Agent struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	sub    *bus.Subscription
+	// beatNow asks the heartbeat loop for a beat out of turn (after a
+	// reconnect).
+	beatNow chan struct{}
 }
 
 // Start brings the agent up: discover the GPUs, register the node and
@@ -130,7 +134,9 @@ func Start(ctx context.Context, cfg Config, srt *service.Runtime) (a *Agent, err
 	a.cancel = cancel
 	a.adopt(loopCtx)
 	a.goLoop(func() { a.exitsLoop(loopCtx) })
-	a.goLoop(func() { a.every(loopCtx, cfg.HeartbeatInterval, a.beat) })
+	a.beatNow = make(chan struct{}, 1)
+	a.beatOnReconnect(srt.Bus.NATS())
+	a.goLoop(func() { a.beatLoop(loopCtx) })
 	a.goLoop(func() { a.every(loopCtx, cfg.LeaseInterval, a.lease) })
 	a.goLoop(func() { a.every(loopCtx, cfg.TelemetryInterval, a.sample) })
 	a.goLoop(func() { a.watchHealth(loopCtx) })
@@ -292,6 +298,38 @@ func (a *Agent) publish(ctx context.Context, form, key string, ev proto.Message)
 		return fmt.Errorf("publish %s: %w", subj, err)
 	}
 	return nil
+}
+
+// beatOnReconnect makes the agent beat as soon as its connection comes
+// back: failover reads a disconnect advisory as a suspected crash and
+// waits only a short grace (detect.Config.DisconnectGrace) for a beat
+// that shows the agent alive, shorter than a heartbeat interval.
+func (a *Agent) beatOnReconnect(nc *nats.Conn) {
+	prev := nc.Opts.ReconnectedCB // the bus's own (it logs the reconnect)
+	nc.SetReconnectHandler(func(c *nats.Conn) {
+		if prev != nil {
+			prev(c)
+		}
+		select {
+		case a.beatNow <- struct{}{}:
+		default:
+		}
+	})
+}
+
+// beatLoop beats every heartbeat interval, and at once when asked.
+func (a *Agent) beatLoop(ctx context.Context) {
+	t := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-a.beatNow:
+		}
+		a.beat(ctx)
+	}
 }
 
 func (a *Agent) beat(ctx context.Context) {
