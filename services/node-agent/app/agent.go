@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"os/signal"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -19,6 +22,7 @@ import (
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/node-agent/agent"
 	"github.com/shizu-gpu/shizu/services/node-agent/gpu"
+	"github.com/shizu-gpu/shizu/services/node-agent/gpu/simgpu"
 	"github.com/shizu-gpu/shizu/services/node-agent/runtime"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
@@ -142,6 +146,12 @@ func Start(ctx context.Context, cfg Config, srt *service.Runtime) (a *Agent, err
 	a.goLoop(func() { a.watchHealth(loopCtx) })
 	if n := host.Notices(); n != nil {
 		a.goLoop(func() { a.noticesLoop(loopCtx, n) })
+	}
+	if fleet, ok := load.(*simgpu.Fleet); ok && cfg.SimulateNoticeLead > 0 {
+		// Caught from here on: SIGUSR1's default action ends the process.
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGUSR1)
+		a.goLoop(func() { a.simulatedNotices(loopCtx, sigs, fleet, cfg.SimulateNoticeLead) })
 	}
 	router := bus.NewRouter()
 	bus.On(router, a.onStart)
@@ -520,6 +530,26 @@ func (a *Agent) noticesLoop(ctx context.Context, notices <-chan gpu.Notice) {
 				}
 				return a.publish(ctx, subject.NodeInterruption, a.cfg.NodeID, ev)
 			})
+		}
+	}
+}
+
+// simulatedNotices plays the cloud provider of a simulated host: each
+// SIGUSR1 delivers a spot interruption notice with a deadline lead ahead
+// (-simulate-notice-lead). Only a simulated fleet has a way in; a host on
+// real GPUs has no such loop.
+func (a *Agent) simulatedNotices(ctx context.Context, sigs chan os.Signal, fleet *simgpu.Fleet, lead time.Duration) {
+	defer signal.Stop(sigs)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sigs:
+			deadline := a.now().Add(lead)
+			a.log.Info("simulated spot interruption notice", "deadline", deadline)
+			if err := fleet.NoticeInterruption(ctx, deadline, "simulated spot reclaim (SIGUSR1)"); err != nil && ctx.Err() == nil {
+				a.log.Warn("simulated notice not delivered", "err", err)
+			}
 		}
 	}
 }
