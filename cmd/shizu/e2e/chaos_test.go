@@ -520,34 +520,47 @@ func TestAPartitionedAgentThatReturnsAfterFencingStopsItsOldRunsAndNothingIsBill
 		t.Skip("starts node-agent child processes and the whole platform")
 	}
 	t.Parallel()
+	res := runSIGSTOP(t, 3, 12, 1)
+	t.Logf("partition of 1 of 3 agents (%d rentals): detected %s after SIGSTOP; scheduled again p50 %s max %s; running again p50 %s max %s; downtime p50 %s max %s",
+		len(res.running), percentile(res.detect, 1), percentile(res.scheduled, .5), percentile(res.scheduled, 1),
+		percentile(res.running, .5), percentile(res.running, 1), percentile(res.downtime, .5), percentile(res.downtime, 1))
+}
+
+// runSIGSTOP runs the partition scenario: nodes agents, rentals requested
+// through the scheduler, frozen agents stopped with SIGSTOP at once until
+// their rentals run elsewhere, then continued.
+func runSIGSTOP(t testing.TB, nodes, rentals, frozen int) chaosResult {
 	s := testStack(t)
-	s.startAgents(3)
-	ids := s.rentAll(12)
+	s.startAgents(nodes)
+	ids := s.rentAll(rentals)
 	s.waitBilled(ids)
-	frozen := s.victims(1)
-	affected := s.affected(frozen)
-	proc := s.agents[frozen[0]].Process
+	victims := s.victims(frozen)
+	affected := s.affected(victims)
 	stoppedAt := time.Now()
-	if err := proc.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	for _, n := range victims {
+		if err := s.agents[n].Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
 	}
-	s.waitMoved(affected, frozen)
+	s.waitMoved(affected, victims)
 	var res chaosResult
-	s.checkMoves(affected, frozen, stoppedAt, &res)
+	s.checkMoves(affected, victims, stoppedAt, &res)
 	// Partitioned, the old runs still run: the agent cannot know yet.
-	if err := proc.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
+	for _, n := range victims {
+		if err := s.agents[n].Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
 	}
 	s.eventually(60*time.Second, func() error {
-		for r := range affected {
+		for r, from := range affected {
 			st := s.rec.count(func(rec *recorder) int {
-				if ev := rec.stopped[r][1]; ev != nil && ev.GetNodeId() == frozen[0] {
+				if ev := rec.stopped[r][1]; ev != nil && ev.GetNodeId() == from {
 					return 1
 				}
 				return 0
 			})
 			if st == 0 {
-				return fmt.Errorf("the old run of %s on %s not stopped yet", r, frozen[0])
+				return fmt.Errorf("the old run of %s on %s not stopped yet", r, from)
 			}
 		}
 		return nil
@@ -563,21 +576,21 @@ func TestAPartitionedAgentThatReturnsAfterFencingStopsItsOldRunsAndNothingIsBill
 	}
 	s.rec.mu.Unlock()
 	s.waitOneRunEach(ids)
-	// The returned node registered again (a new epoch) and holds nothing of
-	// what it lost.
+	// The returned nodes registered again (a new epoch) and hold nothing of
+	// what they lost.
 	s.eventually(30*time.Second, func() error {
-		st, err := s.store.Node(t.Context(), frozen[0])
-		if err != nil || st.Status != capacity.StatusReady {
-			return fmt.Errorf("%s not back (%v)", frozen[0], err)
+		for _, n := range victims {
+			st, err := s.store.Node(t.Context(), n)
+			if err != nil || st.Status != capacity.StatusReady {
+				return fmt.Errorf("%s not back (%v)", n, err)
+			}
 		}
 		return nil
 	})
 	s.checkBooks(ids, nil)
 	s.waitMeteringCaughtUp(affected)
 	s.checkBills(ids, affected)
-	t.Logf("partition of %s (%d rentals): detected %s after SIGSTOP; scheduled again p50 %s max %s; running again p50 %s max %s; downtime p50 %s max %s",
-		frozen[0], len(affected), percentile(res.detect, 1), percentile(res.scheduled, .5), percentile(res.scheduled, 1),
-		percentile(res.running, .5), percentile(res.running, 1), percentile(res.downtime, .5), percentile(res.downtime, 1))
+	return res
 }
 
 // A spot interruption notice, with room elsewhere, moves every rental of
@@ -722,23 +735,42 @@ func TestARentalWhoseNodeDiesBeforeItsNextBeatIsBilledNothingOnIt(t *testing.T) 
 // 2), running again (its started_at) and per-rental downtime, p50/p99/max
 // in seconds.
 //
+// The scheduled_p99_of_goal metric is the re-placement p99 over the
+// issue's goal (2 s): at most 1 meets it.
+//
 //	cd cmd/shizu && go test -run '^$' -bench ChaosSIGKILL -benchtime=1x ./e2e/
 func BenchmarkChaosSIGKILL(b *testing.B) {
 	for b.Loop() {
-		res := runSIGKILL(b, 20, 200, 4)
-		b.ReportMetric(float64(len(res.running)), "rentals_moved")
-		b.ReportMetric(float64(res.movedTwice), "rentals_moved_twice")
-		for _, m := range []struct {
-			name string
-			ds   []time.Duration
-		}{{"detect", res.detect}, {"handed_over", res.handedOver}, {"scheduled", res.scheduled}, {"running", res.running}, {"downtime", res.downtime}} {
-			for _, p := range []float64{.5, .99, 1} {
-				name := "p" + strconv.Itoa(int(p*100))
-				if p == 1 {
-					name = "max"
-				}
-				b.ReportMetric(percentile(m.ds, p).Seconds(), m.name+"_"+name+"_s")
+		reportChaos(b, runSIGKILL(b, 20, 200, 4), 2*time.Second)
+	}
+}
+
+// BenchmarkChaosSIGSTOP is the silent partition: 20 nodes, 200 rentals, 4
+// agents frozen with SIGSTOP at once (their connections stay open, so only
+// the heartbeat TTL finds them), continued once their rentals run
+// elsewhere. Same metrics as BenchmarkChaosSIGKILL; the goal is 5 s.
+//
+//	cd cmd/shizu && go test -run '^$' -bench ChaosSIGSTOP -benchtime=1x ./e2e/
+func BenchmarkChaosSIGSTOP(b *testing.B) {
+	for b.Loop() {
+		reportChaos(b, runSIGSTOP(b, 20, 200, 4), 5*time.Second)
+	}
+}
+
+func reportChaos(b *testing.B, res chaosResult, goal time.Duration) {
+	b.ReportMetric(float64(len(res.running)), "rentals_moved")
+	b.ReportMetric(float64(res.movedTwice), "rentals_moved_twice")
+	for _, m := range []struct {
+		name string
+		ds   []time.Duration
+	}{{"detect", res.detect}, {"handed_over", res.handedOver}, {"scheduled", res.scheduled}, {"running", res.running}, {"downtime", res.downtime}} {
+		for _, p := range []float64{.5, .99, 1} {
+			name := "p" + strconv.Itoa(int(p*100))
+			if p == 1 {
+				name = "max"
 			}
+			b.ReportMetric(percentile(m.ds, p).Seconds(), m.name+"_"+name+"_s")
 		}
 	}
+	b.ReportMetric(percentile(res.scheduled, .99).Seconds()/goal.Seconds(), "scheduled_p99_of_goal")
 }

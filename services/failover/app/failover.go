@@ -119,6 +119,10 @@ func (f *Failover) Run(ctx context.Context, disconnects <-chan Disconnect) error
 	defer tick.Stop()
 	sweep := time.NewTicker(f.cfg.Sweep)
 	defer sweep.Stop()
+	// due fires when the detector's next decision is due (a disconnect's
+	// grace ending, say), so a loss is not left waiting for the next tick.
+	due := time.NewTimer(f.cfg.Sweep)
+	defer due.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -139,6 +143,7 @@ func (f *Failover) Run(ctx context.Context, disconnects <-chan Disconnect) error
 			f.det.Disconnected(dc.Node, dc.At)
 			f.mu.Unlock()
 		case <-tick.C:
+		case <-due.C:
 		case <-f.wake:
 		case <-sweep.C:
 			if err := f.sweep(ctx); err != nil {
@@ -146,6 +151,16 @@ func (f *Failover) Run(ctx context.Context, disconnects <-chan Disconnect) error
 			}
 		}
 		f.step(ctx)
+		now := f.d.Now()
+		f.mu.Lock()
+		next := f.det.NextWake(now)
+		f.mu.Unlock()
+		// Only a decision still ahead: one overdue but undecidable (a node
+		// whose epoch is not known yet) would otherwise spin the loop. The
+		// tick stays the fallback.
+		if next.After(now) && next.Sub(now) < f.cfg.Tick {
+			due.Reset(next.Sub(now))
+		}
 	}
 }
 
