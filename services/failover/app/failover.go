@@ -673,8 +673,11 @@ func (f *Failover) onStarted(ctx context.Context, ev *shizuv1.RentalStarted, d b
 	if err != nil || !ok {
 		return err
 	}
-	if m.NextAttempt == 0 || ev.GetAttempt() < m.NextAttempt || !m.Published {
-		return nil // the old run's start, or a move not handed over yet
+	// A start of the next attempt completes the move even if this replica
+	// has not marked it handed over yet: the scheduler placed that attempt
+	// because of the RentalMigrating, whose ack this start overtook.
+	if m.NextAttempt == 0 || ev.GetAttempt() < m.NextAttempt {
+		return nil // the old run's start
 	}
 	if m.Mode == modeMakeBeforeBreak && m.FromAttempt > 0 {
 		b := f.d.Bus.NewBatch()
