@@ -50,6 +50,9 @@ type Failover struct {
 	det   *detect.Detector
 	queue *migrate.Queue
 	wake  chan struct{}
+	// holdUntil: the moves wait until then for losses about to be
+	// confirmed (see step); owned by the Run loop.
+	holdUntil time.Time
 }
 
 // New builds a replica.
@@ -154,6 +157,9 @@ func (f *Failover) Run(ctx context.Context, disconnects <-chan Disconnect) error
 		now := f.d.Now()
 		f.mu.Lock()
 		next := f.det.NextWake(now)
+		if f.holdUntil.After(now) && (next.IsZero() || f.holdUntil.Before(next)) {
+			next = f.holdUntil // moves held for an imminent loss
+		}
 		f.mu.Unlock()
 		// Only a decision still ahead: one overdue but undecidable (a node
 		// whose epoch is not known yet) would otherwise spin the loop. The
@@ -210,8 +216,20 @@ func (f *Failover) step(ctx context.Context) {
 			f.d.Log.WarnContext(ctx, "ending a quarantine failed; the sweep retries", "node", q.Node, "err", err)
 		}
 	}
+	// Agents killed together are found lost a few milliseconds apart (each
+	// at its own disconnect plus the grace). Moves handed over at the first
+	// loss could be placed on a node found lost a moment later, and move
+	// twice; so they wait (at most a tick) for the losses due that soon.
 	f.mu.Lock()
-	moves := f.queue.Pop(f.d.Now())
+	if len(ds.Lost) > 0 {
+		if by := f.det.LossesDueBy(now, now.Add(f.cfg.Tick)); by.After(f.holdUntil) {
+			f.holdUntil = by
+		}
+	}
+	var moves []migrate.Move
+	if !now.Before(f.holdUntil) {
+		moves = f.queue.Pop(f.d.Now())
+	}
 	f.mu.Unlock()
 	ms := make([]migration, len(moves))
 	for i, m := range moves {

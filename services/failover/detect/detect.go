@@ -425,6 +425,41 @@ func (d *Detector) NextWake(now time.Time) time.Time {
 	return next
 }
 
+// LossesDueBy is the latest time, after now and at most by, at which a
+// pending suspicion of a node whose epoch is known (a disconnect or an
+// expiry) becomes a loss unless the node beats first; zero when none is
+// due in that span. Agents killed together are found a few milliseconds
+// apart: a caller that holds the moves of the first loss until then does
+// not place rentals on nodes about to be found lost.
+func (d *Detector) LossesDueBy(now, by time.Time) time.Time {
+	var last time.Time
+	for _, n := range d.nodes {
+		if n.epoch == 0 || (n.reported != 0 && n.reported >= n.epoch) {
+			continue
+		}
+		for _, due := range []time.Time{disconnectDueOf(n, d.cfg.DisconnectGrace), expiryDueOf(n, d.cfg.Confirm)} {
+			if due.After(now) && !due.After(by) && due.After(last) {
+				last = due
+			}
+		}
+	}
+	return last
+}
+
+func disconnectDueOf(n *node, grace time.Duration) time.Time {
+	if n.disconnectedAt.IsZero() || n.drained {
+		return time.Time{}
+	}
+	return n.disconnectDue(grace)
+}
+
+func expiryDueOf(n *node, confirm time.Duration) time.Time {
+	if n.expiredAt.IsZero() || n.drained {
+		return time.Time{}
+	}
+	return n.expiredAt.Add(confirm)
+}
+
 // LastBeat is the last beat seen from node (zero if none).
 func (d *Detector) LastBeat(id string) time.Time {
 	if n := d.nodes[id]; n != nil {

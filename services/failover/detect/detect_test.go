@@ -372,3 +372,27 @@ func TestADisconnectSeenBeforeTheBeatAnnouncingTheEpochStillCounts(t *testing.T)
 		t.Fatalf("lost %+v, want n1 at epoch 1 by disconnect", got.Lost)
 	}
 }
+
+func TestLossesDueSoonAreTheOnesAboutToBeConfirmed(t *testing.T) {
+	t.Parallel()
+	d := newDetector(t)
+	for _, n := range []string{"a", "b", "c", "d", "e"} {
+		d.Beat(n, 1, t0)
+	}
+	d.Disconnected("a", t0.Add(100*time.Millisecond)) // due at 600 ms
+	d.Disconnected("b", t0.Add(130*time.Millisecond)) // due at 630 ms
+	d.Disconnected("c", t0.Add(900*time.Millisecond)) // due at 1400 ms: too late
+	d.Disconnected("e", t0.Add(110*time.Millisecond))
+	d.Beat("e", 1, t0.Add(300*time.Millisecond))      // reconnected: no loss coming
+	d.Disconnected("x", t0.Add(100*time.Millisecond)) // epoch unknown: cannot be fenced
+	now := t0.Add(600 * time.Millisecond)
+	if got := lostNodes(d.Tick(now)); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("lost %v at 600 ms, want a", got)
+	}
+	if got, want := d.LossesDueBy(now, now.Add(100*time.Millisecond)), t0.Add(630*time.Millisecond); !got.Equal(want) {
+		t.Fatalf("losses due by %s, want b's at %s", got, want)
+	}
+	if got := d.LossesDueBy(now, now.Add(20*time.Millisecond)); !got.IsZero() {
+		t.Fatalf("losses due within 20 ms: %s, want none", got)
+	}
+}
