@@ -51,7 +51,10 @@
 // Redis Cluster slot. The allocation JSON is written to the node's allocs hash
 // and to the rentals index by the same script, and removed together, so the
 // two copies never disagree; the node's copy is what capacity is computed
-// from, the index's copy answers "where is rental r?" in one read.
+// from, the index's copy answers "where is rental r?" in one read. The one
+// exception is a hand-over (make-before-break, see handover.go): the old
+// node's copy, marked handed over, stays without an index entry while the
+// rental's next attempt is reserved, and indexed, on another node.
 //
 // Which operations touch which keys (each is one atomic step, except Release
 // and Snapshot, noted below):
@@ -61,6 +64,9 @@
 //	Release    rentals (read), then node, allocs,      (one script; re-checks the
 //	           rentals, version                         index inside and retries
 //	                                                    if the rental moved)
+//	HandOver   allocs, rentals, version                (one script; handover.go)
+//	ReleaseOn  node, allocs, rentals, version          (one script per rental,
+//	                                                    pipelined)
 //	Renew      node, allocs                            (one script, writes nothing)
 //	Fence      node, allocs, version                   (one script)
 //	SetStatus  node, version                           (one script)

@@ -49,6 +49,9 @@ type allocationRecord struct {
 	MemoryMiB int64         `json:"memory_mib"`
 	GPUs      []shareRecord `json:"gpus"`
 	CreatedAt time.Time     `json:"created_at"`
+	// HandOver marks the node's copy of an allocation handed over by
+	// Store.HandOver (see handover.go); the index never holds such a copy.
+	HandOver bool `json:"handover,omitempty"`
 }
 
 type shareRecord struct {
@@ -135,7 +138,8 @@ func decodeAllocation(raw string) (Allocation, error) {
 			CPUMilli: r.CPUMilli, MemoryMiB: r.MemoryMiB,
 			GPUs: make([]GPUShare, len(r.GPUs)),
 		},
-		CreatedAt: r.CreatedAt,
+		CreatedAt:   r.CreatedAt,
+		HandingOver: r.HandOver,
 	}
 	for i, g := range r.GPUs {
 		a.GPUs[i] = GPUShare(g)

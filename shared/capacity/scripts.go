@@ -90,10 +90,14 @@ return {'ok', epoch, status, 1}
 // Reply: {'ok', version}, {'existing', allocation JSON}, {'not_found'},
 // {'dead', epoch}, {'epoch', epoch}, {'not_ready', status},
 // {'short', GPU index or '-1', resource, free, want}, {'no_gpu', index, count},
-// {'not_mig', index}.
+// {'not_mig', index}, {'handing_over'} (the node still holds the rental's
+// handed-over previous run).
 var reserveScript = redis.NewScript(luaHelpers + `
 local existing = redis.call('HGET', KEYS[3], ARGV[1])
 if existing then return {'existing', existing} end
+-- A previous run of the rental handed over (Store.HandOver) but still on
+-- this node: one node holds one allocation per rental.
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {'handing_over'} end
 local n = tonumber(ARGV[6])
 local fields = {'status', 'epoch', 'cpu_free', 'mem_free', 'gpus'}
 for j = 0, n - 1 do
@@ -133,11 +137,13 @@ return {'ok', redis.call('INCR', KEYS[4])}
 // releaseScript gives one allocation's capacity back and forgets it.
 //
 // KEYS: node, allocs, rentals, version.
-// ARGV: rental id, the node id the caller found in the index.
+// ARGV: rental id, the node id the caller found in the index, and
+// optionally "handover" to release only a handed-over copy (handover.go).
 // Reply: {'ok', version}, {'none'} (nothing to release), {'moved', node id}
 // (the rental now lives on another node: look it up again).
 var releaseScript = redis.NewScript(luaHelpers + `
 local rec = redis.call('HGET', KEYS[2], ARGV[1])
+if ARGV[3] == 'handover' and not (rec and string.sub(rec, 1, 17) == '{"handover":true,') then return {'none'} end
 if not rec then
   local idx = redis.call('HGET', KEYS[3], ARGV[1])
   if not idx then return {'none'} end
@@ -168,7 +174,9 @@ if v[1] then
   redis.call('HSET', KEYS[1], unpack(set))
 end
 redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
+-- The index entry is this very record unless the allocation was handed
+-- over (Store.HandOver): then the index is gone or names the next run.
+if redis.call('HGET', KEYS[3], ARGV[1]) == rec then redis.call('HDEL', KEYS[3], ARGV[1]) end
 return {'ok', redis.call('INCR', KEYS[4])}
 `)
 

@@ -241,6 +241,8 @@ func (s *Store) Reserve(ctx context.Context, p Placement) (Allocation, error) {
 		return Allocation{}, fmt.Errorf("capacity: %s: %w: node has %s GPUs, placement names GPU %s", op, ErrInvalid, str(res[2]), str(res[1]))
 	case "not_mig":
 		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s is not MIG-capable", op, ErrInvalid, str(res[1]))
+	case "handing_over":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: the node still holds the rental's previous run", op, ErrConflict)
 	}
 	return Allocation{}, unexpected(op, res)
 }

@@ -99,6 +99,11 @@ type Allocation struct {
 	// returned the earlier allocation instead of writing a new one. It is
 	// not stored.
 	Existing bool
+	// HandingOver is true for a rental's previous run kept on its node
+	// while the rental's next attempt is placed and started elsewhere
+	// (Store.HandOver): it still holds its capacity and renews, but the
+	// rental index no longer points to it. Store.ReleaseOn frees it.
+	HandingOver bool
 }
 
 // FreeGPU is the live state of one GPU.

@@ -88,6 +88,13 @@ func Users() []User {
 	return users
 }
 
+// SystemUsers returns the users of the system account (SystemAccount): only
+// FailoverAdvisories, who may read the disconnect advisories and publish
+// nothing.
+func SystemUsers() []User {
+	return []User{{Name: FailoverAdvisories, Permissions: Permissions{Subscribe: []string{DisconnectAdvisories}}}}
+}
+
 // PasswordVar is the environment variable holding a user's password in
 // deploy/nats/users.conf, e.g. SHIZU_NODE_AGENT_NATS_PASSWORD.
 func PasswordVar(user string) string {
@@ -109,6 +116,24 @@ func UsersConf() string {
 		b.WriteString("      }\n    }\n")
 	}
 	b.WriteString("  ]\n}\n")
+	// The users above are in the global account; the system account holds
+	// the server's advisories, readable only by its own users.
+	b.WriteString("\n# The system account: the server's own events (client connects and disconnects).\n")
+	fmt.Fprintf(&b, "accounts {\n  %s: {\n    users: [\n", SystemAccount)
+	for _, u := range SystemUsers() {
+		fmt.Fprintf(&b, "      {\n        user: %q\n        password: $%s\n        permissions: {\n", u.Name, PasswordVar(u.Name))
+		b.WriteString("          publish: { deny: [\">\"] }\n")
+		b.WriteString("          subscribe: { allow: [")
+		for i, sub := range u.Permissions.Subscribe {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%q", sub)
+		}
+		b.WriteString("] }\n        }\n      }\n")
+	}
+	b.WriteString("    ]\n  }\n}\n")
+	fmt.Fprintf(&b, "system_account: %s\n", SystemAccount)
 	return b.String()
 }
 

@@ -109,6 +109,16 @@ const (
 	// Admin provisions streams and acts for tenants and operators in the
 	// CLI; it may do anything.
 	Admin = "admin"
+	// FailoverAdvisories is the system-account user failover's disconnect
+	// fast path connects as (its -advisory-user): it may only read the
+	// server's client-disconnect advisories (DisconnectAdvisories).
+	FailoverAdvisories = "failover-advisories"
+	// SystemAccount is the NATS system account of deploy/nats (the server's
+	// own events live there).
+	SystemAccount = "SYS"
+	// DisconnectAdvisories is every account's client-disconnect advisory;
+	// its publish form is $SYS.ACCOUNT.<account>.DISCONNECT.
+	DisconnectAdvisories = "$SYS.ACCOUNT.*.DISCONNECT"
 )
 
 // AgentCommands is the durable consumer of one node's command queue.

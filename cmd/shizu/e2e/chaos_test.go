@@ -354,9 +354,10 @@ func (s *stack) waitMeteringCaughtUp(affected map[string]string) {
 // checkBills: no rental is billed twice for any instant (its records'
 // intervals never overlap); a moved rental's records on the node it left
 // lie between its first start and the last heartbeat (nothing for the dead
-// interval, nothing for a fenced run that went on), and those on its new
-// node start at the new run's start; and each record bills no more whole
-// seconds than its interval spans.
+// interval, nothing for a fenced run that went on) or, for a
+// make-before-break move, the hand-over (RentalMigrating), and those on
+// its new node start at the new run's start; and each record bills no
+// more whole seconds than its interval spans.
 func (s *stack) checkBills(rentals []string, affected map[string]string) {
 	t := s.t
 	t.Helper()
@@ -397,7 +398,12 @@ func (s *stack) checkBills(rentals []string, affected map[string]string) {
 		if first == nil || s.rec.started[r][1] == nil || final.GetAttempt() < 2 {
 			continue // reported by checkMoves
 		}
+		// The old run is billed up to its last beat; a make-before-break
+		// move carries none (the old run is alive): up to the hand-over.
 		lastBeat := first.GetLastHeartbeatAt().AsTime()
+		if first.GetLastHeartbeatAt() == nil {
+			lastBeat = first.GetMeta().GetOccurredAt().AsTime()
+		}
 		start1, start2 := s.rec.started[r][1].GetStartedAt().AsTime(), final.GetStartedAt().AsTime()
 		to := final.GetNodeId()
 		var oldBilled int64
@@ -514,34 +520,47 @@ func TestAPartitionedAgentThatReturnsAfterFencingStopsItsOldRunsAndNothingIsBill
 		t.Skip("starts node-agent child processes and the whole platform")
 	}
 	t.Parallel()
+	res := runSIGSTOP(t, 3, 12, 1)
+	t.Logf("partition of 1 of 3 agents (%d rentals): detected %s after SIGSTOP; scheduled again p50 %s max %s; running again p50 %s max %s; downtime p50 %s max %s",
+		len(res.running), percentile(res.detect, 1), percentile(res.scheduled, .5), percentile(res.scheduled, 1),
+		percentile(res.running, .5), percentile(res.running, 1), percentile(res.downtime, .5), percentile(res.downtime, 1))
+}
+
+// runSIGSTOP runs the partition scenario: nodes agents, rentals requested
+// through the scheduler, frozen agents stopped with SIGSTOP at once until
+// their rentals run elsewhere, then continued.
+func runSIGSTOP(t testing.TB, nodes, rentals, frozen int) chaosResult {
 	s := testStack(t)
-	s.startAgents(3)
-	ids := s.rentAll(12)
+	s.startAgents(nodes)
+	ids := s.rentAll(rentals)
 	s.waitBilled(ids)
-	frozen := s.victims(1)
-	affected := s.affected(frozen)
-	proc := s.agents[frozen[0]].Process
+	victims := s.victims(frozen)
+	affected := s.affected(victims)
 	stoppedAt := time.Now()
-	if err := proc.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	for _, n := range victims {
+		if err := s.agents[n].Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
 	}
-	s.waitMoved(affected, frozen)
+	s.waitMoved(affected, victims)
 	var res chaosResult
-	s.checkMoves(affected, frozen, stoppedAt, &res)
+	s.checkMoves(affected, victims, stoppedAt, &res)
 	// Partitioned, the old runs still run: the agent cannot know yet.
-	if err := proc.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
+	for _, n := range victims {
+		if err := s.agents[n].Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
 	}
 	s.eventually(60*time.Second, func() error {
-		for r := range affected {
+		for r, from := range affected {
 			st := s.rec.count(func(rec *recorder) int {
-				if ev := rec.stopped[r][1]; ev != nil && ev.GetNodeId() == frozen[0] {
+				if ev := rec.stopped[r][1]; ev != nil && ev.GetNodeId() == from {
 					return 1
 				}
 				return 0
 			})
 			if st == 0 {
-				return fmt.Errorf("the old run of %s on %s not stopped yet", r, frozen[0])
+				return fmt.Errorf("the old run of %s on %s not stopped yet", r, from)
 			}
 		}
 		return nil
@@ -557,21 +576,120 @@ func TestAPartitionedAgentThatReturnsAfterFencingStopsItsOldRunsAndNothingIsBill
 	}
 	s.rec.mu.Unlock()
 	s.waitOneRunEach(ids)
-	// The returned node registered again (a new epoch) and holds nothing of
-	// what it lost.
+	// The returned nodes registered again (a new epoch) and hold nothing of
+	// what they lost.
 	s.eventually(30*time.Second, func() error {
-		st, err := s.store.Node(t.Context(), frozen[0])
-		if err != nil || st.Status != capacity.StatusReady {
-			return fmt.Errorf("%s not back (%v)", frozen[0], err)
+		for _, n := range victims {
+			st, err := s.store.Node(t.Context(), n)
+			if err != nil || st.Status != capacity.StatusReady {
+				return fmt.Errorf("%s not back (%v)", n, err)
+			}
 		}
 		return nil
 	})
 	s.checkBooks(ids, nil)
 	s.waitMeteringCaughtUp(affected)
 	s.checkBills(ids, affected)
-	t.Logf("partition of %s (%d rentals): detected %s after SIGSTOP; scheduled again p50 %s max %s; running again p50 %s max %s; downtime p50 %s max %s",
-		frozen[0], len(affected), percentile(res.detect, 1), percentile(res.scheduled, .5), percentile(res.scheduled, 1),
-		percentile(res.running, .5), percentile(res.running, 1), percentile(res.downtime, .5), percentile(res.downtime, 1))
+	return res
+}
+
+// A spot interruption notice, with room elsewhere, moves every rental of
+// the node make-before-break: the replacement is placed next to the old
+// run (the capacity store holds both allocations, each on its own node)
+// and started, and only then is the old run stopped, well before the
+// deadline; nothing runs twice afterwards, no capacity is leaked, and the
+// overlap is billed once: the old run up to the hand-over, the new one
+// from its start (docs/failover.md).
+func TestASpotNoticeStartsEachReplacementBeforeTheOldRunStops(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts node-agent child processes and the whole platform")
+	}
+	t.Parallel()
+	s := testStack(t)
+	s.startAgents(4)
+	ids := s.rentAll(16)
+	s.waitBilled(ids)
+	spot := s.victims(1)
+	affected := s.affected(spot)
+	noticedAt := time.Now()
+	s.notice(spot[0])
+	deadline := noticedAt.Add(noticeLead)
+	// Every affected rental runs attempt 2 elsewhere and its old run was
+	// stopped for the move.
+	s.eventually(60*time.Second, func() error {
+		s.rec.mu.Lock()
+		defer s.rec.mu.Unlock()
+		for r := range affected {
+			if s.rec.started[r][2] == nil || s.rec.stopped[r][1] == nil || len(s.rec.migrated[r]) == 0 {
+				return fmt.Errorf("%s: started %d, stopped %d, migrated %d", r, len(s.rec.started[r]), len(s.rec.stopped[r]), len(s.rec.migrated[r]))
+			}
+		}
+		return nil
+	})
+	s.rec.mu.Lock()
+	for r := range affected {
+		ms := s.rec.migrating[r]
+		if len(ms) != 1 || ms[0].GetReason() != shizuv1.MigrationReason_MIGRATION_REASON_SPOT_INTERRUPTION ||
+			ms[0].GetFromNodeId() != spot[0] || ms[0].GetFromAttempt() != 1 || ms[0].GetNextAttempt() != 2 || ms[0].GetLastHeartbeatAt() != nil {
+			t.Errorf("%s: moves %v, want one spot hand-over from %s, attempt 1 -> 2, without a last beat", r, ms, spot[0])
+			continue
+		}
+		started, stopped := s.rec.started[r][2], s.rec.stopped[r][1]
+		if started.GetNodeId() == spot[0] {
+			t.Errorf("%s: replacement started on the reclaimed node", r)
+		}
+		// Make before break: the replacement ran before the old run ended,
+		// which ended before the deadline, for the move.
+		if !started.GetStartedAt().AsTime().Before(stopped.GetStoppedAt().AsTime()) {
+			t.Errorf("%s: replacement started at %s, the old run stopped at %s: a break", r,
+				started.GetStartedAt().AsTime().Format(time.StampMilli), stopped.GetStoppedAt().AsTime().Format(time.StampMilli))
+		}
+		if !stopped.GetStoppedAt().AsTime().Before(deadline) || stopped.GetExitReason() != shizuv1.ExitReason_EXIT_REASON_MIGRATED {
+			t.Errorf("%s: old run stopped at %s (%s), deadline %s", r, stopped.GetStoppedAt().AsTime().Format(time.StampMilli),
+				stopped.GetExitReason(), deadline.Format(time.StampMilli))
+		}
+		mg := s.rec.migrated[r][0]
+		if len(s.rec.migrated[r]) != 1 || mg.GetDowntime().AsDuration() != 0 || mg.GetToNodeId() != started.GetNodeId() {
+			t.Errorf("%s: migrated %v, want once to %s with no downtime", r, s.rec.migrated[r], started.GetNodeId())
+		}
+		if s.rec.scheduled[r][3] != nil {
+			t.Errorf("%s placed a third time", r)
+		}
+	}
+	for r := range s.rec.migrating {
+		if _, ok := affected[r]; !ok {
+			t.Errorf("%s moved, but its node got no notice", r)
+		}
+	}
+	if len(s.rec.lost) != 0 {
+		t.Errorf("nodes lost before the deadline: %v", s.rec.lost)
+	}
+	s.rec.mu.Unlock()
+	// The old runs' allocations were released when they stopped: the
+	// reclaimed node holds nothing, and each rental exactly one allocation.
+	s.eventually(30*time.Second, func() error {
+		allocs, err := s.store.Allocations(t.Context(), spot[0])
+		if err != nil || len(allocs) != 0 {
+			return fmt.Errorf("%s still holds %d allocations (%v)", spot[0], len(allocs), err)
+		}
+		return nil
+	})
+	st, err := s.store.Node(t.Context(), spot[0])
+	if err != nil || st.Status != capacity.StatusDraining {
+		t.Errorf("the reclaimed node is %s (%v), want draining until its deadline", st.Status, err)
+	}
+	s.waitOneRunEach(ids)
+	s.checkBooks(ids, nil)
+	s.waitMeteringCaughtUp(affected)
+	s.checkBills(ids, affected)
+	var overlap []time.Duration
+	s.rec.mu.Lock()
+	for r := range affected {
+		overlap = append(overlap, s.rec.stopped[r][1].GetStoppedAt().AsTime().Sub(s.rec.started[r][2].GetStartedAt().AsTime()))
+	}
+	s.rec.mu.Unlock()
+	t.Logf("spot notice on %s (%d rentals): replacement running before the old run stopped by p50 %s, min %s",
+		spot[0], len(affected), percentile(overlap, .5), percentile(overlap, 0))
 }
 
 // A node killed less than a heartbeat interval after a rental started on
@@ -617,23 +735,42 @@ func TestARentalWhoseNodeDiesBeforeItsNextBeatIsBilledNothingOnIt(t *testing.T) 
 // 2), running again (its started_at) and per-rental downtime, p50/p99/max
 // in seconds.
 //
+// The scheduled_p99_of_goal metric is the re-placement p99 over the
+// issue's goal (2 s): at most 1 meets it.
+//
 //	cd cmd/shizu && go test -run '^$' -bench ChaosSIGKILL -benchtime=1x ./e2e/
 func BenchmarkChaosSIGKILL(b *testing.B) {
 	for b.Loop() {
-		res := runSIGKILL(b, 20, 200, 4)
-		b.ReportMetric(float64(len(res.running)), "rentals_moved")
-		b.ReportMetric(float64(res.movedTwice), "rentals_moved_twice")
-		for _, m := range []struct {
-			name string
-			ds   []time.Duration
-		}{{"detect", res.detect}, {"handed_over", res.handedOver}, {"scheduled", res.scheduled}, {"running", res.running}, {"downtime", res.downtime}} {
-			for _, p := range []float64{.5, .99, 1} {
-				name := "p" + strconv.Itoa(int(p*100))
-				if p == 1 {
-					name = "max"
-				}
-				b.ReportMetric(percentile(m.ds, p).Seconds(), m.name+"_"+name+"_s")
+		reportChaos(b, runSIGKILL(b, 20, 200, 4), 2*time.Second)
+	}
+}
+
+// BenchmarkChaosSIGSTOP is the silent partition: 20 nodes, 200 rentals, 4
+// agents frozen with SIGSTOP at once (their connections stay open, so only
+// the heartbeat TTL finds them), continued once their rentals run
+// elsewhere. Same metrics as BenchmarkChaosSIGKILL; the goal is 5 s.
+//
+//	cd cmd/shizu && go test -run '^$' -bench ChaosSIGSTOP -benchtime=1x ./e2e/
+func BenchmarkChaosSIGSTOP(b *testing.B) {
+	for b.Loop() {
+		reportChaos(b, runSIGSTOP(b, 20, 200, 4), 5*time.Second)
+	}
+}
+
+func reportChaos(b *testing.B, res chaosResult, goal time.Duration) {
+	b.ReportMetric(float64(len(res.running)), "rentals_moved")
+	b.ReportMetric(float64(res.movedTwice), "rentals_moved_twice")
+	for _, m := range []struct {
+		name string
+		ds   []time.Duration
+	}{{"detect", res.detect}, {"handed_over", res.handedOver}, {"scheduled", res.scheduled}, {"running", res.running}, {"downtime", res.downtime}} {
+		for _, p := range []float64{.5, .99, 1} {
+			name := "p" + strconv.Itoa(int(p*100))
+			if p == 1 {
+				name = "max"
 			}
+			b.ReportMetric(percentile(m.ds, p).Seconds(), m.name+"_"+name+"_s")
 		}
 	}
+	b.ReportMetric(percentile(res.scheduled, .99).Seconds()/goal.Seconds(), "scheduled_p99_of_goal")
 }

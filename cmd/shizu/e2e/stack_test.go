@@ -298,8 +298,10 @@ func (s *stack) startAgents(n int) {
 
 func (s *stack) startAgent(node string) {
 	t := s.t
+	// SIGUSR1 plays the provider's spot interruption notice (see notice).
 	cmd := exec.Command(s.bin, "-simulate", "h100x8", "-node-id", node, "-state-dir", filepath.Join(s.dir, node),
-		"-default-command", s.workloadScript(), "-telemetry-interval", "30s", "-http-addr=", "-stop-grace", "2s")
+		"-default-command", s.workloadScript(), "-telemetry-interval", "30s", "-http-addr=", "-stop-grace", "2s",
+		"-simulate-notice-lead", noticeLead.String())
 	cmd.Env = append(os.Environ(), "SHIZU_NATS_URL="+s.nats.URL, "SHIZU_NATS_USER="+topology.NodeAgent,
 		"SHIZU_NATS_PASSWORD="+password(topology.NodeAgent), "SHIZU_REDIS_URL=redis://"+s.redis.Addr+"/0",
 		"SHIZU_LOG_LEVEL=warn", "SHIZU_LOG_FORMAT=text")
@@ -326,6 +328,19 @@ func (s *stack) startAgent(node string) {
 			<-done
 		}
 	})
+}
+
+// noticeLead is how far ahead of a simulated spot interruption notice its
+// deadline lies (the agents' -simulate-notice-lead).
+const noticeLead = time.Minute
+
+// notice makes the simulated host of node deliver a spot interruption
+// notice to its agent, deadline noticeLead ahead (SIGUSR1).
+func (s *stack) notice(node string) {
+	s.t.Helper()
+	if err := s.agents[node].Process.Signal(syscall.SIGUSR1); err != nil {
+		s.t.Fatal(err)
+	}
 }
 
 // kill SIGKILLs the agents of nodes at once and reaps them.

@@ -78,7 +78,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	env("SHIZU_FAILOVER_ADVISORY_USER", &c.Advisory.User)
 	env("SHIZU_FAILOVER_ADVISORY_PASSWORD", &c.Advisory.Password)
 	fs.DurationVar(&c.Detect.Confirm, "confirm", c.Detect.Confirm, "how long an expired heartbeat stays suspect before the node is lost")
-	fs.DurationVar(&c.Detect.DisconnectGrace, "disconnect-grace", c.Detect.DisconnectGrace, "after an agent disconnect, lost this long after its last beat")
+	fs.DurationVar(&c.Detect.DisconnectGrace, "disconnect-grace", c.Detect.DisconnectGrace, "after an agent disconnect, lost unless it beats within this long (agents beat at once on reconnect)")
 	fs.DurationVar(&c.Detect.FlapWindow, "flap-window", c.Detect.FlapWindow, "window in which losses count as flapping")
 	fs.IntVar(&c.Detect.FlapThreshold, "flap-threshold", c.Detect.FlapThreshold, "losses within the window that quarantine a node")
 	fs.DurationVar(&c.Detect.QuarantineBase, "quarantine", c.Detect.QuarantineBase, "first quarantine of a flapping node (doubles per further loss)")

@@ -50,6 +50,9 @@ type Failover struct {
 	det   *detect.Detector
 	queue *migrate.Queue
 	wake  chan struct{}
+	// holdUntil: the moves wait until then for losses about to be
+	// confirmed (see step); owned by the Run loop.
+	holdUntil time.Time
 }
 
 // New builds a replica.
@@ -119,6 +122,10 @@ func (f *Failover) Run(ctx context.Context, disconnects <-chan Disconnect) error
 	defer tick.Stop()
 	sweep := time.NewTicker(f.cfg.Sweep)
 	defer sweep.Stop()
+	// due fires when the detector's next decision is due (a disconnect's
+	// grace ending, say), so a loss is not left waiting for the next tick.
+	due := time.NewTimer(f.cfg.Sweep)
+	defer due.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -139,6 +146,7 @@ func (f *Failover) Run(ctx context.Context, disconnects <-chan Disconnect) error
 			f.det.Disconnected(dc.Node, dc.At)
 			f.mu.Unlock()
 		case <-tick.C:
+		case <-due.C:
 		case <-f.wake:
 		case <-sweep.C:
 			if err := f.sweep(ctx); err != nil {
@@ -146,6 +154,19 @@ func (f *Failover) Run(ctx context.Context, disconnects <-chan Disconnect) error
 			}
 		}
 		f.step(ctx)
+		now := f.d.Now()
+		f.mu.Lock()
+		next := f.det.NextWake(now)
+		if f.holdUntil.After(now) && (next.IsZero() || f.holdUntil.Before(next)) {
+			next = f.holdUntil // moves held for an imminent loss
+		}
+		f.mu.Unlock()
+		// Only a decision still ahead: one overdue but undecidable (a node
+		// whose epoch is not known yet) would otherwise spin the loop. The
+		// tick stays the fallback.
+		if next.After(now) && next.Sub(now) < f.cfg.Tick {
+			due.Reset(next.Sub(now))
+		}
 	}
 }
 
@@ -176,14 +197,17 @@ func (f *Failover) observe(ch bus.HeartbeatChange) {
 	f.det.Expired(ch.Node, at)
 }
 
-// step acts on what the detector and the queue decided at now.
+// step acts on what the detector and the queue decided at now. The
+// NodeLost events of the tick and the hand-over of every move due go out
+// in one async publish batch, acknowledged together.
 func (f *Failover) step(ctx context.Context) {
 	now := f.d.Now()
 	f.mu.Lock()
 	ds := f.det.Tick(now)
 	f.mu.Unlock()
+	b := f.d.Bus.NewBatch()
 	for _, l := range ds.Lost {
-		if err := f.lose(ctx, l); err != nil {
+		if err := f.lose(ctx, l, b); err != nil {
 			f.d.Log.WarnContext(ctx, "acting on a lost node failed; the sweep retries", "node", l.Node, "err", err)
 		}
 	}
@@ -192,14 +216,27 @@ func (f *Failover) step(ctx context.Context) {
 			f.d.Log.WarnContext(ctx, "ending a quarantine failed; the sweep retries", "node", q.Node, "err", err)
 		}
 	}
+	// Agents killed together are found lost a few milliseconds apart (each
+	// at its own disconnect plus the grace). Moves handed over at the first
+	// loss could be placed on a node found lost a moment later, and move
+	// twice; so they wait (at most a tick) for the losses due that soon.
 	f.mu.Lock()
-	moves := f.queue.Pop(f.d.Now())
-	f.mu.Unlock()
-	for _, m := range moves {
-		mg := m.Value.(migration)
-		if err := f.move(ctx, mg); err != nil {
-			f.d.Log.WarnContext(ctx, "moving a rental failed; the sweep retries", "rental", mg.Rental, "err", err)
+	if len(ds.Lost) > 0 {
+		if by := f.det.LossesDueBy(now, now.Add(f.cfg.Tick)); by.After(f.holdUntil) {
+			f.holdUntil = by
 		}
+	}
+	var moves []migrate.Move
+	if !now.Before(f.holdUntil) {
+		moves = f.queue.Pop(f.d.Now())
+	}
+	f.mu.Unlock()
+	ms := make([]migration, len(moves))
+	for i, m := range moves {
+		ms[i] = m.Value.(migration)
+	}
+	if err := f.moveAll(ctx, ms, b); err != nil {
+		f.d.Log.WarnContext(ctx, "handing rentals over failed; the sweep retries", "rentals", len(ms), "err", err)
 	}
 }
 
@@ -221,8 +258,8 @@ func (f *Failover) meta(id string, cause string, correlation string, at time.Tim
 }
 
 // lose fences a lost node (if this replica wins the fence) and queues its
-// rentals.
-func (f *Failover) lose(ctx context.Context, l detect.Loss) error {
+// rentals. NodeLost goes into b; the caller waits for it.
+func (f *Failover) lose(ctx context.Context, l detect.Loss, b *bus.Batch) error {
 	st, err := f.d.Store.Node(ctx, l.Node)
 	if capacity.IsNotFound(err) {
 		return nil // never registered, or removed from the fleet
@@ -264,7 +301,7 @@ func (f *Failover) lose(ctx context.Context, l detect.Loss) error {
 		Message:         fmt.Sprintf("%s; %d rentals move", l.Reason, len(res.Allocations)),
 		LastHeartbeatAt: tsOrNil(l.LastBeat),
 	}
-	if _, err := f.d.Bus.Publish(ctx, subj, lost); err != nil {
+	if err := b.Publish(ctx, subj, lost); err != nil {
 		return err
 	}
 	reason := shizuv1.MigrationReason_MIGRATION_REASON_NODE_LOST
@@ -297,13 +334,40 @@ type moveOrder struct {
 	cause     string
 }
 
-// queueMoves records a migration per allocation and queues it.
+// queueMoves records a migration per allocation and queues it, reading
+// and writing the records of all of them in a few pipelined round trips.
+// An allocation handed over already (the old run of a make-before-break
+// move) is no move: on a lost node it is released, its rental's next
+// attempt being placed elsewhere.
 func (f *Failover) queueMoves(ctx context.Context, allocs []capacity.Allocation, o moveOrder) error {
-	var moves []migrate.Move
+	ids := make([]string, len(allocs))
+	for i, a := range allocs {
+		ids[i] = a.RentalID
+	}
+	placements, err := f.rec.placementsOf(ctx, ids)
+	if err != nil {
+		return err
+	}
+	prevs, err := f.rec.migrationsOf(ctx, ids)
+	if err != nil {
+		return err
+	}
+	var ms, revised []migration
+	var handedOver []string
 	for _, a := range allocs {
-		p, known, err := f.rec.placementOf(ctx, a.RentalID)
-		if err != nil {
-			return err
+		prev, moving := prevs[a.RentalID]
+		if a.HandingOver {
+			if o.mode != modeBreak {
+				continue // handed over before (a redelivered notice)
+			}
+			handedOver = append(handedOver, a.RentalID)
+			if moving && prev.FromNode == o.node && prev.LastAlive.IsZero() && !o.lastAlive.IsZero() {
+				// The old run died before the new one started: the
+				// downtime runs from its last sign of life.
+				prev.LastAlive, prev.LastBeat = o.lastAlive, o.lastBeat
+				revised = append(revised, prev)
+			}
+			continue
 		}
 		m := migration{
 			Rental: a.RentalID, Tenant: a.Tenant, FromNode: o.node, FromEpoch: o.epoch,
@@ -313,13 +377,9 @@ func (f *Failover) queueMoves(ctx context.Context, allocs []capacity.Allocation,
 		for _, g := range a.GPUs {
 			m.GPUs = append(m.GPUs, g.Index)
 		}
-		if known {
+		if p, known := placements[a.RentalID]; known {
 			m.FromAttempt, m.NextAttempt = p.Attempt, p.Attempt+1
 			m.Class, m.Priority = int(classOf(p.Spec.GetPlan())), int(p.Spec.GetPriority())
-		}
-		prev, moving, err := f.rec.migrationOf(ctx, a.RentalID)
-		if err != nil {
-			return err
 		}
 		if moving && prev.FromNode != o.node && prev.NextAttempt > m.FromAttempt {
 			// The rental was already moved off another node and placed
@@ -335,11 +395,23 @@ func (f *Failover) queueMoves(ctx context.Context, allocs []capacity.Allocation,
 				continue
 			}
 		}
-		if err := f.rec.putMigration(ctx, m); err != nil {
+		ms = append(ms, m)
+	}
+	if err := f.rec.putMigrations(ctx, ms); err != nil {
+		return err
+	}
+	if err := f.rec.updateMigrations(ctx, revised); err != nil {
+		return err
+	}
+	if len(handedOver) > 0 {
+		if _, err := f.d.Store.ReleaseOn(ctx, o.node, handedOver...); err != nil {
 			return err
 		}
-		moves = append(moves, migrate.Move{Rental: m.Rental, Tenant: m.Tenant, Node: m.FromNode, GPUs: m.GPUs,
-			Class: migrate.Class(m.Class), Priority: m.Priority, Since: m.DecidedAt, Value: m})
+	}
+	moves := make([]migrate.Move, len(ms))
+	for i, m := range ms {
+		moves[i] = migrate.Move{Rental: m.Rental, Tenant: m.Tenant, Node: m.FromNode, GPUs: m.GPUs,
+			Class: migrate.Class(m.Class), Priority: m.Priority, Since: m.DecidedAt, Value: m}
 	}
 	f.mu.Lock()
 	f.queue.Push(moves...)
@@ -360,75 +432,116 @@ func classOf(p shizuv1.Plan) migrate.Class {
 	return migrate.ClassUnknown
 }
 
-// move hands one rental to the scheduler: stop the old run if asked,
-// release the old allocation (for a break), publish RentalMigrating.
-func (f *Failover) move(ctx context.Context, m migration) error {
-	p, known, err := f.rec.placementOf(ctx, m.Rental)
+// moveAll hands rentals to the scheduler, all at once: stop the old runs
+// that must stop, release (break) or hand over (make-before-break) the
+// old allocations, publish every RentalMigrating, then wait once for
+// every ack in b (with whatever the caller queued there) and mark the
+// moves handed over. About five Redis round trips and one wait whatever
+// the number of rentals. A failure leaves the records unpublished for the
+// sweep; every event has a fixed id, so a retry is deduplicated.
+func (f *Failover) moveAll(ctx context.Context, ms []migration, b *bus.Batch) error {
+	if len(ms) == 0 {
+		if b.Len() > 0 {
+			_, err := b.Wait(ctx)
+			return err
+		}
+		return nil
+	}
+	ids := make([]string, len(ms))
+	for i, m := range ms {
+		ids[i] = m.Rental
+	}
+	placements, err := f.rec.placementsOf(ctx, ids)
 	if err != nil {
 		return err
 	}
-	if m.StopOld && m.FromAttempt > 0 {
-		if err := f.stopRun(ctx, m, shizuv1.ExitReason_EXIT_REASON_NODE_FAILED); err != nil {
-			return err
-		}
-	}
-	if m.Mode == modeBreak {
-		a, err := f.d.Store.Allocation(ctx, m.Rental)
-		switch {
-		case capacity.IsNotFound(err):
-		case err != nil:
-			return err
-		case a.NodeID == m.FromNode:
-			if _, err := f.d.Store.Release(ctx, m.Rental); err != nil {
+	breaks := map[string][]string{} // node -> rentals whose allocation there is released
+	var out []migration
+	var gone []string
+	for _, m := range ms {
+		switch m.Mode {
+		case modeBreak:
+			breaks[m.FromNode] = append(breaks[m.FromNode], m.Rental)
+		case modeMakeBeforeBreak:
+			// The old run keeps its allocation (out of the rental index)
+			// until it stops, so the new attempt can be reserved next to it.
+			_, err := f.d.Store.HandOver(ctx, m.Rental, m.FromNode)
+			switch {
+			case err == nil, capacity.IsConflict(err): // handed over, or the rental lives elsewhere already
+			case capacity.IsNotFound(err):
+				gone = append(gone, m.Rental) // it stopped meanwhile: nothing to move
+				continue
+			default:
 				return err
 			}
 		}
+		if m.StopOld && m.FromAttempt > 0 {
+			if err := f.stopRun(ctx, b, m, shizuv1.ExitReason_EXIT_REASON_NODE_FAILED); err != nil {
+				return err
+			}
+		}
+		out = append(out, m)
 	}
-	subj, err := subject.Format(subject.RentalMigrating, m.Tenant)
-	if err != nil {
-		return fault.Invalid("%v", err)
+	for node, rentals := range breaks {
+		if _, err := f.d.Store.ReleaseOn(ctx, node, rentals...); err != nil {
+			return err
+		}
 	}
-	id := fmt.Sprintf("rental:%s:migrating:%d", m.Rental, m.NextAttempt)
-	if m.NextAttempt == 0 {
-		id = fmt.Sprintf("rental:%s:migrating:%s:%d", m.Rental, m.FromNode, m.FromEpoch)
+	for _, m := range out {
+		subj, err := subject.Format(subject.RentalMigrating, m.Tenant)
+		if err != nil {
+			return fault.Invalid("%v", err)
+		}
+		id := fmt.Sprintf("rental:%s:migrating:%d", m.Rental, m.NextAttempt)
+		if m.NextAttempt == 0 {
+			id = fmt.Sprintf("rental:%s:migrating:%s:%d", m.Rental, m.FromNode, m.FromEpoch)
+		}
+		ev := &shizuv1.RentalMigrating{
+			Meta:     f.meta(id, m.Cause, m.Rental, m.DecidedAt),
+			RentalId: m.Rental, TenantId: m.Tenant, FromNodeId: m.FromNode, FromNodeEpoch: int64(m.FromEpoch),
+			Reason: shizuv1.MigrationReason(m.Reason), LastHeartbeatAt: tsOrNil(m.LastBeat),
+			FromAttempt: m.FromAttempt, NextAttempt: m.NextAttempt,
+		}
+		if p, known := placements[m.Rental]; known { // the spec is the same for every attempt
+			ev.Spec = p.Spec
+			ev.CheckpointUri = p.Spec.GetCheckpointUri()
+		} else {
+			f.d.Log.ErrorContext(ctx, "moving a rental failover never saw scheduled; the scheduler gets no spec", "rental", m.Rental)
+		}
+		if err := b.Publish(ctx, subj, ev); err != nil {
+			return err
+		}
 	}
-	ev := &shizuv1.RentalMigrating{
-		Meta:     f.meta(id, m.Cause, m.Rental, m.DecidedAt),
-		RentalId: m.Rental, TenantId: m.Tenant, FromNodeId: m.FromNode, FromNodeEpoch: int64(m.FromEpoch),
-		Reason: shizuv1.MigrationReason(m.Reason), LastHeartbeatAt: tsOrNil(m.LastBeat),
-		FromAttempt: m.FromAttempt, NextAttempt: m.NextAttempt,
-	}
-	if known { // the spec is the same for every attempt
-		ev.Spec = p.Spec
-		ev.CheckpointUri = p.Spec.GetCheckpointUri()
-	}
-	if !known {
-		f.d.Log.ErrorContext(ctx, "moving a rental failover never saw scheduled; the scheduler gets no spec", "rental", m.Rental)
-	}
-	if _, err := f.d.Bus.Publish(ctx, subj, ev); err != nil {
+	if _, err := b.Wait(ctx); err != nil {
 		return err
 	}
-	f.d.Metrics.migrating(ctx, shizuv1.MigrationReason(m.Reason).String())
-	m.Published = true
-	// A RentalStarted of the new attempt may already have completed the
-	// migration (and dropped the record): do not bring it back.
-	if _, ok, err := f.rec.migrationOf(ctx, m.Rental); err != nil || !ok {
+	for i := range out {
+		f.d.Metrics.migrating(ctx, shizuv1.MigrationReason(out[i].Reason).String())
+		out[i].Published = true
+	}
+	if err := f.rec.updateMigrations(ctx, out); err != nil {
 		return err
 	}
-	return f.rec.putMigration(ctx, m)
+	for _, id := range gone {
+		if err := f.rec.dropMigration(ctx, id); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-func (f *Failover) stopRun(ctx context.Context, m migration, reason shizuv1.ExitReason) error {
+// stopRun tells the old node's agent to stop the moved rental's old run;
+// the command goes into b.
+func (f *Failover) stopRun(ctx context.Context, b *bus.Batch, m migration, reason shizuv1.ExitReason) error {
 	subj, err := subject.Format(subject.AgentCmd, m.FromNode, "stop")
 	if err != nil {
 		return fault.Invalid("%v", err)
 	}
-	_, err = f.d.Bus.Publish(ctx, subj, &shizuv1.StopRental{
+	return b.Publish(ctx, subj, &shizuv1.StopRental{
 		Meta:     f.meta(fmt.Sprintf("cmd:stop:%s:%d", m.Rental, m.FromAttempt), m.Cause, m.Rental, f.d.Now()),
 		RentalId: m.Rental, TenantId: m.Tenant, NodeId: m.FromNode, Attempt: m.FromAttempt,
 		Reason: reason, GracePeriod: durationpb.New(f.cfg.StopGrace),
 	})
-	return err
 }
 
 // onHealth: a failed GPU moves the rentals on it; a failed node is lost.
@@ -447,8 +560,13 @@ func (f *Failover) onHealth(ctx context.Context, ev *shizuv1.NodeHealthChanged, 
 		// The node is alive until the failure it reports: that is when its
 		// rentals stopped running.
 		at := ev.GetMeta().GetOccurredAt().AsTime()
-		return f.lose(ctx, detect.Loss{Node: node, Epoch: epoch, Reason: detect.ReasonFatalHealth,
-			LastBeat: at, SuspectedAt: at, ConfirmedAt: now})
+		b := f.d.Bus.NewBatch()
+		if err := f.lose(ctx, detect.Loss{Node: node, Epoch: epoch, Reason: detect.ReasonFatalHealth,
+			LastBeat: at, SuspectedAt: at, ConfirmedAt: now}, b); err != nil {
+			return err
+		}
+		_, err := b.Wait(ctx)
+		return err
 	}
 	st, err := f.d.Store.Node(ctx, node)
 	if capacity.IsNotFound(err) {
@@ -573,11 +691,18 @@ func (f *Failover) onStarted(ctx context.Context, ev *shizuv1.RentalStarted, d b
 	if err != nil || !ok {
 		return err
 	}
-	if m.NextAttempt == 0 || ev.GetAttempt() < m.NextAttempt || !m.Published {
-		return nil // the old run's start, or a move not handed over yet
+	// A start of the next attempt completes the move even if this replica
+	// has not marked it handed over yet: the scheduler placed that attempt
+	// because of the RentalMigrating, whose ack this start overtook.
+	if m.NextAttempt == 0 || ev.GetAttempt() < m.NextAttempt {
+		return nil // the old run's start
 	}
 	if m.Mode == modeMakeBeforeBreak && m.FromAttempt > 0 {
-		if err := f.stopRun(ctx, m, shizuv1.ExitReason_EXIT_REASON_MIGRATED); err != nil {
+		b := f.d.Bus.NewBatch()
+		if err := f.stopRun(ctx, b, m, shizuv1.ExitReason_EXIT_REASON_MIGRATED); err != nil {
+			return err
+		}
+		if _, err := b.Wait(ctx); err != nil {
 			return err
 		}
 	}
@@ -604,8 +729,14 @@ func (f *Failover) onStarted(ctx context.Context, ev *shizuv1.RentalStarted, d b
 	return f.rec.dropMigration(ctx, m.Rental)
 }
 
-// onStopped forgets a rental whose latest run ended.
+// onStopped frees the allocation of a run handed over by a
+// make-before-break move once that run stopped (the scheduler frees only
+// a rental's live allocation), and forgets a rental whose latest run
+// ended.
 func (f *Failover) onStopped(ctx context.Context, ev *shizuv1.RentalStopped, _ bus.Delivery) error {
+	if _, err := f.d.Store.ReleaseHandedOver(ctx, ev.GetNodeId(), ev.GetRentalId()); err != nil {
+		return err
+	}
 	return f.rec.forgetPlacement(ctx, ev.GetRentalId(), ev.GetAttempt())
 }
 

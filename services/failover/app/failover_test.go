@@ -372,9 +372,16 @@ func TestASpotNoticeMovesRentalsBeforeBreakingThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The node takes no new work, but the rental keeps running (and its
-	// allocation) until the replacement starts.
-	if st.Status != capacity.StatusDraining || len(st.Allocations) != 1 {
-		t.Fatalf("n1 is %s with %d allocations, want draining with the rental", st.Status, len(st.Allocations))
+	// allocation, handed over: out of the rental index, so the scheduler
+	// reserves the next attempt beside it) until the replacement starts.
+	if st.Status != capacity.StatusDraining || len(st.Allocations) != 1 || !st.Allocations[0].HandingOver {
+		t.Fatalf("n1 is %s with allocations %+v, want draining with the rental's handed over", st.Status, st.Allocations)
+	}
+	if err := e.store.Renew(t.Context(), "s1", "n1", epoch); err != nil {
+		t.Fatalf("the old run can no longer renew its allocation: %v", err)
+	}
+	if _, err := e.store.Allocation(t.Context(), "s1"); !capacity.IsNotFound(err) {
+		t.Fatalf("the rental's allocation is still indexed on n1: %v", err)
 	}
 	if stops := events[*shizuv1.StopRental](t, e, topology.StreamAgentCmds, "agent.n1.cmd.stop"); len(stops) != 0 {
 		t.Fatalf("stopped before the replacement started: %v", stops)
@@ -399,6 +406,68 @@ func TestASpotNoticeMovesRentalsBeforeBreakingThem(t *testing.T) {
 		}
 		return nil
 	})
+	// The old run stops: what it held on n1 comes back.
+	e.publishValid(t, subject.RentalStopped, "acme", &shizuv1.RentalStopped{
+		Meta: meta("rental:s1:stopped:1", "s1"), RentalId: "s1", TenantId: "acme", NodeId: "n1", NodeEpoch: int64(epoch),
+		Attempt: 1, StartedAt: timestamppb.New(time.Now().Add(-time.Minute)), StoppedAt: timestamppb.Now(),
+		ExitReason: shizuv1.ExitReason_EXIT_REASON_MIGRATED,
+	})
+	eventually(t, func() error {
+		st, err := e.store.Node(t.Context(), "n1")
+		if err != nil || len(st.Allocations) != 0 || st.FreeGPUs[0].Milli != capacity.MilliPerGPU {
+			return fmt.Errorf("n1 still holds %+v (%v)", st.Allocations, err)
+		}
+		return nil
+	})
+}
+
+// A replica that died between recording its moves and handing them over
+// (its records say not published) leaves work the sweep of another
+// replica finishes: the allocations on the fenced node are released and
+// each rental is handed over once.
+func TestMovesRecordedButNeverHandedOverAreFinishedByTheSweep(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, time.Second)
+	epoch := e.node(t, "n1", 8)
+	e.rent(t, "r1", "n1", epoch, shizuv1.Plan_PLAN_ON_DEMAND, 0)
+	e.rent(t, "r2", "n1", epoch, shizuv1.Plan_PLAN_ON_DEMAND, 1)
+	e.node(t, "n2", 8)
+	e.beat(t, "n2", 1)
+	if _, err := e.store.Fence(t.Context(), "n1", epoch); err != nil {
+		t.Fatal(err)
+	}
+	// What the dead replica wrote (records.go's format) before it died.
+	rdb := e.redis.Client(t)
+	decided := time.Now().Add(-time.Minute)
+	for _, r := range []string{"r1", "r2"} {
+		raw := fmt.Sprintf(`{"rental":%q,"tenant":"acme","from_node":"n1","from_epoch":%d,"from_attempt":1,"next_attempt":2,`+
+			`"reason":%d,"mode":"break","last_beat":%q,"last_alive":%q,"decided_at":%q,"cause":"node:n1:lost:%d","class":1}`,
+			r, epoch, shizuv1.MigrationReason_MIGRATION_REASON_NODE_LOST, decided.Add(-3*time.Second).Format(time.RFC3339Nano),
+			decided.Add(-3*time.Second).Format(time.RFC3339Nano), decided.Format(time.RFC3339Nano), epoch)
+		if err := rdb.Set(t.Context(), "shizu:failover:migration:"+r, raw, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.SAdd(t.Context(), "shizu:failover:migrations", r).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := testConfig()
+	cfg.Sweep = 200 * time.Millisecond
+	e.startReplica(t, cfg, "failover-b", nil)
+	eventually(t, func() error {
+		got := migratingByRental(t, e)
+		if got["r1"] == nil || got["r2"] == nil {
+			return fmt.Errorf("handed over %d of 2", len(got))
+		}
+		st, err := e.store.Node(t.Context(), "n1")
+		if err != nil || len(st.Allocations) != 0 {
+			return fmt.Errorf("n1 still holds %d allocations (%v)", len(st.Allocations), err)
+		}
+		return nil
+	})
+	if ms := events[*shizuv1.RentalMigrating](t, e, topology.StreamRentals, subject.RentalMigratingAll); len(ms) != 2 {
+		t.Fatalf("%d RentalMigrating, want one per rental", len(ms))
+	}
 }
 
 func TestAFlappingNodeIsQuarantined(t *testing.T) {

@@ -84,6 +84,10 @@ func (r records) placementOf(ctx context.Context, rental string) (placement, boo
 	if err != nil {
 		return placement{}, false, unavailable("read placement", err)
 	}
+	return decodePlacement(rental, vals)
+}
+
+func decodePlacement(rental string, vals map[string]string) (placement, bool, error) {
 	if len(vals) == 0 {
 		return placement{}, false, nil
 	}
@@ -96,6 +100,114 @@ func (r records) placementOf(ctx context.Context, rental string) (placement, boo
 		return placement{}, false, fmt.Errorf("failover records: placement of %s: %w", rental, err)
 	}
 	return placement{Attempt: int32(a), Tenant: vals["tenant"], Node: vals["node"], Spec: spec}, true, nil
+}
+
+// placementsOf reads the latest placement of each rental in one pipelined
+// round trip; rentals failover never saw scheduled are missing.
+func (r records) placementsOf(ctx context.Context, rentals []string) (map[string]placement, error) {
+	cmds := make([]*redis.MapStringStringCmd, len(rentals))
+	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range rentals {
+			cmds[i] = p.HGetAll(ctx, r.rentalKey(id))
+		}
+		return nil
+	}); err != nil {
+		return nil, unavailable("read placements", err)
+	}
+	out := make(map[string]placement, len(rentals))
+	for i, id := range rentals {
+		p, ok, err := decodePlacement(id, cmds[i].Val())
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out[id] = p
+		}
+	}
+	return out, nil
+}
+
+// migrationsOf reads the migration in flight of each rental in one
+// pipelined round trip; rentals without one are missing.
+func (r records) migrationsOf(ctx context.Context, rentals []string) (map[string]migration, error) {
+	cmds := make([]*redis.StringCmd, len(rentals))
+	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range rentals {
+			cmds[i] = p.Get(ctx, r.migrationKey(id))
+		}
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, unavailable("read migrations", err)
+	}
+	out := make(map[string]migration, len(rentals))
+	for i, id := range rentals {
+		raw, err := cmds[i].Bytes()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return nil, unavailable("read migration", err)
+		}
+		var m migration
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return nil, fmt.Errorf("failover records: migration of %s: %w", id, err)
+		}
+		out[id] = m
+	}
+	return out, nil
+}
+
+// putMigrations stores moves in one MULTI/EXEC.
+func (r records) putMigrations(ctx context.Context, ms []migration) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	raws := make([][]byte, len(ms))
+	for i, m := range ms {
+		raw, err := json.Marshal(m)
+		if err != nil {
+			return fmt.Errorf("encode migration %s: %w", m.Rental, err)
+		}
+		raws[i] = raw
+	}
+	pipe := r.rdb.TxPipeline()
+	ids := make([]any, len(ms))
+	for i, m := range ms {
+		pipe.Set(ctx, r.migrationKey(m.Rental), raws[i], 0)
+		ids[i] = m.Rental
+	}
+	pipe.SAdd(ctx, r.migrationsKey(), ids...)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return unavailable("store migrations", err)
+	}
+	return nil
+}
+
+// updateMigrations rewrites moves that are still recorded (SET XX), in one
+// pipelined round trip: a RentalStarted of the new attempt may have
+// completed a move (and dropped its record) meanwhile, and must not see
+// it come back.
+func (r records) updateMigrations(ctx context.Context, ms []migration) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	raws := make([][]byte, len(ms))
+	for i, m := range ms {
+		raw, err := json.Marshal(m)
+		if err != nil {
+			return fmt.Errorf("encode migration %s: %w", m.Rental, err)
+		}
+		raws[i] = raw
+	}
+	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, m := range ms {
+			p.SetXX(ctx, r.migrationKey(m.Rental), raws[i], 0)
+		}
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return unavailable("update migrations", err)
+	}
+	return nil
 }
 
 // Migration modes.

@@ -53,9 +53,10 @@ type Config struct {
 	// one late heartbeat does not move anything.
 	Confirm time.Duration
 	// DisconnectGrace: after the agent's connection closed, the node is lost
-	// once this long has passed since its last beat (and none came since).
-	// A little over the heartbeat interval: a crash is handled in about a
-	// second instead of a TTL.
+	// unless it beats within this long of the disconnect. An agent beats at
+	// once when its connection comes back (services/node-agent), so the
+	// grace only has to cover a reconnect, not a heartbeat interval: a crash
+	// is handled in about half a second instead of a TTL.
 	DisconnectGrace time.Duration
 	// FlapWindow and FlapThreshold: a node lost FlapThreshold times within
 	// FlapWindow is quarantined when it comes back.
@@ -71,7 +72,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Confirm:         500 * time.Millisecond,
-		DisconnectGrace: 1500 * time.Millisecond,
+		DisconnectGrace: 500 * time.Millisecond,
 		FlapWindow:      10 * time.Minute,
 		FlapThreshold:   3,
 		QuarantineBase:  time.Minute,
@@ -312,13 +313,13 @@ func (d *Detector) newLife(n *node, epoch uint64, at time.Time) {
 }
 
 // disconnectDue is when a disconnected node without a newer beat is lost:
-// grace after its last beat, or after the disconnect if no beat was seen.
+// grace after the disconnect. (Measured from the last beat instead, the
+// grace would have to outlast a whole heartbeat interval for a reconnected
+// agent's next regular beat to clear it, and detection would take between
+// grace minus the interval and grace after a crash, depending on where in
+// its interval the agent died.)
 func (n *node) disconnectDue(grace time.Duration) time.Time {
-	ref := n.lastBeat
-	if ref.IsZero() {
-		ref = n.disconnectedAt
-	}
-	return ref.Add(grace)
+	return n.disconnectedAt.Add(grace)
 }
 
 func (n *node) recentLosses(now time.Time, window time.Duration) int {
@@ -422,6 +423,41 @@ func (d *Detector) NextWake(now time.Time) time.Time {
 		}
 	}
 	return next
+}
+
+// LossesDueBy is the latest time, after now and at most by, at which a
+// pending suspicion of a node whose epoch is known (a disconnect or an
+// expiry) becomes a loss unless the node beats first; zero when none is
+// due in that span. Agents killed together are found a few milliseconds
+// apart: a caller that holds the moves of the first loss until then does
+// not place rentals on nodes about to be found lost.
+func (d *Detector) LossesDueBy(now, by time.Time) time.Time {
+	var last time.Time
+	for _, n := range d.nodes {
+		if n.epoch == 0 || (n.reported != 0 && n.reported >= n.epoch) {
+			continue
+		}
+		for _, due := range []time.Time{disconnectDueOf(n, d.cfg.DisconnectGrace), expiryDueOf(n, d.cfg.Confirm)} {
+			if due.After(now) && !due.After(by) && due.After(last) {
+				last = due
+			}
+		}
+	}
+	return last
+}
+
+func disconnectDueOf(n *node, grace time.Duration) time.Time {
+	if n.disconnectedAt.IsZero() || n.drained {
+		return time.Time{}
+	}
+	return n.disconnectDue(grace)
+}
+
+func expiryDueOf(n *node, confirm time.Duration) time.Time {
+	if n.expiredAt.IsZero() || n.drained {
+		return time.Time{}
+	}
+	return n.expiredAt.Add(confirm)
 }
 
 // LastBeat is the last beat seen from node (zero if none).

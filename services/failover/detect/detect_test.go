@@ -59,12 +59,12 @@ func TestDetection(t *testing.T) {
 			[]step{{0, beat("n1", 3)}, {ms(3000), expire("n1")}, {ms(3200), beat("n1", 3)}}, ms(5000), ReasonUnknown, 0},
 		{"an expiry marker older than the last beat is ignored",
 			[]step{{ms(3100), beat("n1", 3)}, {ms(3000), expire("n1")}}, ms(9000), ReasonUnknown, 0},
-		{"a disconnect is a loss a grace after the last beat, long before the TTL",
-			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}}, ms(1500), ReasonDisconnected, 2},
-		{"a disconnect is only suspect before the grace after the last beat",
-			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}}, ms(1400), ReasonUnknown, 0},
+		{"a disconnect is a loss a grace after the disconnect, long before the TTL",
+			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}}, ms(800), ReasonDisconnected, 2},
+		{"a disconnect is only suspect within the grace after it",
+			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}}, ms(700), ReasonUnknown, 0},
 		{"a disconnect followed by a beat (a quick reconnect) is no loss",
-			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}, {ms(900), beat("n1", 2)}}, ms(2000), ReasonUnknown, 0},
+			[]step{{0, beat("n1", 2)}, {ms(300), disconnect("n1")}, {ms(600), beat("n1", 2)}}, ms(2000), ReasonUnknown, 0},
 		{"a node that reports itself failed is lost at once",
 			[]step{{0, beat("n1", 4)}, {ms(10), func(d *Detector, at time.Time) { d.Failed("n1", 4, at) }}}, ms(10), ReasonFatalHealth, 4},
 		{"a failure report of an older registration is ignored",
@@ -262,8 +262,8 @@ func TestNextWakeIsTheEarliestPendingDecision(t *testing.T) {
 	d.Beat("n1", 1, t0)
 	d.Expired("n1", t0.Add(3*time.Second))
 	d.Beat("n2", 1, t0.Add(2*time.Second))
-	d.Disconnected("n2", t0.Add(2100*time.Millisecond))
-	if got, want := d.NextWake(t0.Add(3*time.Second)), t0.Add(3500*time.Millisecond); !got.Equal(want) {
+	d.Disconnected("n2", t0.Add(2800*time.Millisecond))
+	if got, want := d.NextWake(t0.Add(3*time.Second)), t0.Add(3300*time.Millisecond); !got.Equal(want) {
 		t.Fatalf("next wake %s, want %s (the disconnect grace)", got, want)
 	}
 }
@@ -370,5 +370,29 @@ func TestADisconnectSeenBeforeTheBeatAnnouncingTheEpochStillCounts(t *testing.T)
 	got := d.Tick(t0.Add(10 * time.Second))
 	if len(got.Lost) != 1 || got.Lost[0].Epoch != 1 || got.Lost[0].Reason != ReasonDisconnected {
 		t.Fatalf("lost %+v, want n1 at epoch 1 by disconnect", got.Lost)
+	}
+}
+
+func TestLossesDueSoonAreTheOnesAboutToBeConfirmed(t *testing.T) {
+	t.Parallel()
+	d := newDetector(t)
+	for _, n := range []string{"a", "b", "c", "d", "e"} {
+		d.Beat(n, 1, t0)
+	}
+	d.Disconnected("a", t0.Add(100*time.Millisecond)) // due at 600 ms
+	d.Disconnected("b", t0.Add(130*time.Millisecond)) // due at 630 ms
+	d.Disconnected("c", t0.Add(900*time.Millisecond)) // due at 1400 ms: too late
+	d.Disconnected("e", t0.Add(110*time.Millisecond))
+	d.Beat("e", 1, t0.Add(300*time.Millisecond))      // reconnected: no loss coming
+	d.Disconnected("x", t0.Add(100*time.Millisecond)) // epoch unknown: cannot be fenced
+	now := t0.Add(600 * time.Millisecond)
+	if got := lostNodes(d.Tick(now)); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("lost %v at 600 ms, want a", got)
+	}
+	if got, want := d.LossesDueBy(now, now.Add(100*time.Millisecond)), t0.Add(630*time.Millisecond); !got.Equal(want) {
+		t.Fatalf("losses due by %s, want b's at %s", got, want)
+	}
+	if got := d.LossesDueBy(now, now.Add(20*time.Millisecond)); !got.IsZero() {
+		t.Fatalf("losses due within 20 ms: %s, want none", got)
 	}
 }

@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"os/signal"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
@@ -18,6 +22,7 @@ import (
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/node-agent/agent"
 	"github.com/shizu-gpu/shizu/services/node-agent/gpu"
+	"github.com/shizu-gpu/shizu/services/node-agent/gpu/simgpu"
 	"github.com/shizu-gpu/shizu/services/node-agent/runtime"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
@@ -57,6 +62,9 @@ type Agent struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	sub    *bus.Subscription
+	// beatNow asks the heartbeat loop for a beat out of turn (after a
+	// reconnect).
+	beatNow chan struct{}
 }
 
 // Start brings the agent up: discover the GPUs, register the node and
@@ -130,12 +138,20 @@ func Start(ctx context.Context, cfg Config, srt *service.Runtime) (a *Agent, err
 	a.cancel = cancel
 	a.adopt(loopCtx)
 	a.goLoop(func() { a.exitsLoop(loopCtx) })
-	a.goLoop(func() { a.every(loopCtx, cfg.HeartbeatInterval, a.beat) })
+	a.beatNow = make(chan struct{}, 1)
+	a.beatOnReconnect(srt.Bus.NATS())
+	a.goLoop(func() { a.beatLoop(loopCtx) })
 	a.goLoop(func() { a.every(loopCtx, cfg.LeaseInterval, a.lease) })
 	a.goLoop(func() { a.every(loopCtx, cfg.TelemetryInterval, a.sample) })
 	a.goLoop(func() { a.watchHealth(loopCtx) })
 	if n := host.Notices(); n != nil {
 		a.goLoop(func() { a.noticesLoop(loopCtx, n) })
+	}
+	if fleet, ok := load.(*simgpu.Fleet); ok && cfg.SimulateNoticeLead > 0 {
+		// Caught from here on: SIGUSR1's default action ends the process.
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGUSR1)
+		a.goLoop(func() { a.simulatedNotices(loopCtx, sigs, fleet, cfg.SimulateNoticeLead) })
 	}
 	router := bus.NewRouter()
 	bus.On(router, a.onStart)
@@ -292,6 +308,38 @@ func (a *Agent) publish(ctx context.Context, form, key string, ev proto.Message)
 		return fmt.Errorf("publish %s: %w", subj, err)
 	}
 	return nil
+}
+
+// beatOnReconnect makes the agent beat as soon as its connection comes
+// back: failover reads a disconnect advisory as a suspected crash and
+// waits only a short grace (detect.Config.DisconnectGrace) for a beat
+// that shows the agent alive, shorter than a heartbeat interval.
+func (a *Agent) beatOnReconnect(nc *nats.Conn) {
+	prev := nc.Opts.ReconnectedCB // the bus's own (it logs the reconnect)
+	nc.SetReconnectHandler(func(c *nats.Conn) {
+		if prev != nil {
+			prev(c)
+		}
+		select {
+		case a.beatNow <- struct{}{}:
+		default:
+		}
+	})
+}
+
+// beatLoop beats every heartbeat interval, and at once when asked.
+func (a *Agent) beatLoop(ctx context.Context) {
+	t := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-a.beatNow:
+		}
+		a.beat(ctx)
+	}
 }
 
 func (a *Agent) beat(ctx context.Context) {
@@ -482,6 +530,26 @@ func (a *Agent) noticesLoop(ctx context.Context, notices <-chan gpu.Notice) {
 				}
 				return a.publish(ctx, subject.NodeInterruption, a.cfg.NodeID, ev)
 			})
+		}
+	}
+}
+
+// simulatedNotices plays the cloud provider of a simulated host: each
+// SIGUSR1 delivers a spot interruption notice with a deadline lead ahead
+// (-simulate-notice-lead). Only a simulated fleet has a way in; a host on
+// real GPUs has no such loop.
+func (a *Agent) simulatedNotices(ctx context.Context, sigs chan os.Signal, fleet *simgpu.Fleet, lead time.Duration) {
+	defer signal.Stop(sigs)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sigs:
+			deadline := a.now().Add(lead)
+			a.log.Info("simulated spot interruption notice", "deadline", deadline)
+			if err := fleet.NoticeInterruption(ctx, deadline, "simulated spot reclaim (SIGUSR1)"); err != nil && ctx.Err() == nil {
+				a.log.Warn("simulated notice not delivered", "err", err)
+			}
 		}
 	}
 }

@@ -68,6 +68,11 @@ type Config struct {
 	DefaultCommand []string
 	// StopGrace is the default time between the polite signal and the kill.
 	StopGrace time.Duration
+	// SimulateNoticeLead, with Simulate, lets a test play the cloud
+	// provider: SIGUSR1 makes the simulated host deliver a spot
+	// interruption notice whose deadline is this far ahead. 0 (the
+	// default) leaves SIGUSR1 alone; an agent on real GPUs refuses it.
+	SimulateNoticeLead time.Duration
 
 	// Fleet, when set, is the simulated host to use instead of building
 	// one from Simulate (tests inject faults into it). Not a flag.
@@ -126,6 +131,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	dur(&c.LeaseInterval, "lease-interval", "SHIZU_LEASE_INTERVAL", "time between registration checks and allocation renewals")
 	str(&c.StateDir, "state-dir", "SHIZU_STATE_DIR", "directory for workload records, logs and working directories (default <tmp>/shizu-node-agent/<node id>)")
 	dur(&c.StopGrace, "stop-grace", "SHIZU_STOP_GRACE", "default grace period between SIGTERM and SIGKILL")
+	dur(&c.SimulateNoticeLead, "simulate-notice-lead", "SHIZU_SIMULATE_NOTICE_LEAD",
+		"with -simulate only: SIGUSR1 delivers a simulated spot interruption notice with this lead time (0: off)")
 	if v, ok := os.LookupEnv("SHIZU_DEFAULT_COMMAND"); ok {
 		c.DefaultCommand = strings.Fields(v)
 	}
@@ -167,6 +174,9 @@ func (c Config) Validate() error {
 	}
 	if c.StopGrace < 0 {
 		errs = append(errs, fmt.Errorf("stop.grace: %s is negative", c.StopGrace))
+	}
+	if c.SimulateNoticeLead < 0 || (c.SimulateNoticeLead > 0 && c.Simulate == "" && c.Fleet == nil) {
+		errs = append(errs, fmt.Errorf("simulate.notice_lead: %s needs a simulated host (-simulate) and must not be negative; real hosts get notices from their provider only", c.SimulateNoticeLead))
 	}
 	return errors.Join(errs...)
 }

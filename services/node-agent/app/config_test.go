@@ -58,3 +58,22 @@ func TestFlagsOverrideTheEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Only a simulated host can be told of a spot interruption by a signal:
+// a real one hears of it from its provider alone.
+func TestASimulatedNoticeNeedsASimulatedHost(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.NodeID, cfg.SimulateNoticeLead = "gpu-1", 30*time.Second
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "simulate.notice_lead") {
+		t.Fatalf("a real host took -simulate-notice-lead: %v", err)
+	}
+	cfg.Simulate = "h100x8"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.SimulateNoticeLead = -time.Second
+	if err := cfg.Validate(); err == nil {
+		t.Fatal("a negative lead was accepted")
+	}
+}
