@@ -40,8 +40,8 @@ import (
 // The system account of the embedded server and its one user, which
 // failover uses for the client-disconnect advisories.
 const (
-	devSystemAccount = "SYS"
-	devSystemUser    = "sys"
+	devSystemAccount = topology.SystemAccount
+	devSystemUser    = topology.FailoverAdvisories
 )
 
 type devOptions struct {
@@ -189,7 +189,12 @@ func runDev(ctx context.Context, o devOptions, stdout io.Writer) error {
 		JetStream: true, StoreDir: filepath.Join(dataDir, "nats"), NoSigs: true, NoLog: true,
 		Accounts: []*server.Account{sysAccount}, SystemAccount: devSystemAccount,
 		Users: append(embednats.Users(topology.Users(), func(name string) string { return passwords[name] }),
-			&server.User{Username: devSystemUser, Password: sysPassword, Account: sysAccount}),
+			// As deploy/nats/users.conf: disconnect advisories only, no publishing.
+			&server.User{Username: devSystemUser, Password: sysPassword, Account: sysAccount,
+				Permissions: &server.Permissions{
+					Subscribe: &server.SubjectPermission{Allow: []string{topology.DisconnectAdvisories}},
+					Publish:   &server.SubjectPermission{Deny: []string{">"}},
+				}}),
 	}, 10*time.Second)
 	if err != nil {
 		return err
