@@ -194,29 +194,57 @@ func (s *Store) Register(ctx context.Context, n Node) (uint64, error) {
 // ErrFenced (node dead, or its epoch is not p.Epoch: it was fenced since the
 // scheduler looked), ErrConflict (node draining), *InsufficientError.
 func (s *Store) Reserve(ctx context.Context, p Placement) (Allocation, error) {
+	c, err := s.reserveCall(p)
+	if err != nil {
+		return Allocation{}, err
+	}
+	res, err := s.run(ctx, c.op, reserveScript, c.keys, c.args...)
+	if err != nil {
+		return Allocation{}, err
+	}
+	return c.outcome(res)
+}
+
+// reserveCall is one reserve script call, ready to run: Reserve runs one,
+// ReserveMany pipelines many.
+type reserveCall struct {
+	op      string
+	p       Placement
+	created time.Time
+	keys    []string
+	args    []any
+}
+
+// reserveCall validates p and builds its script call.
+func (s *Store) reserveCall(p Placement) (reserveCall, error) {
 	op := fmt.Sprintf("reserve rental %s on node %s", p.RentalID, p.NodeID)
 	if err := p.Validate(); err != nil {
-		return Allocation{}, fmt.Errorf("capacity: %s: %w", op, err)
+		return reserveCall{}, fmt.Errorf("capacity: %s: %w", op, err)
 	}
 	created := s.now().UTC()
 	raw, err := encodeAllocation(p, created)
 	if err != nil {
-		return Allocation{}, fmt.Errorf("capacity: %s: %w", op, err)
+		return reserveCall{}, fmt.Errorf("capacity: %s: %w", op, err)
 	}
 	args := make([]any, 0, 6+4*len(p.GPUs))
 	args = append(args, p.RentalID, p.Epoch, p.CPUMilli, p.MemoryMiB, raw, len(p.GPUs))
 	for _, g := range p.GPUs {
 		args = append(args, g.Index, g.Milli, g.VRAMMiB, flag(g.MIGProfile != ""))
 	}
-	res, err := s.run(ctx, op, reserveScript,
-		[]string{s.keys.node(p.NodeID), s.keys.allocs(p.NodeID), s.keys.rentals(), s.keys.version()}, args...)
-	if err != nil {
-		return Allocation{}, err
+	return reserveCall{op: op, p: p, created: created, args: args,
+		keys: []string{s.keys.node(p.NodeID), s.keys.allocs(p.NodeID), s.keys.rentals(), s.keys.version()}}, nil
+}
+
+// outcome maps the reserve script's reply to Reserve's result.
+func (c reserveCall) outcome(res []any) (Allocation, error) {
+	op, p := c.op, c.p
+	if len(res) == 0 {
+		return Allocation{}, fmt.Errorf("capacity: %s: empty script reply", op)
 	}
 	switch str(res[0]) {
 	case "ok":
 		p.GPUs = slices.Clone(p.GPUs)
-		return Allocation{Placement: p, CreatedAt: created}, nil
+		return Allocation{Placement: p, CreatedAt: c.created}, nil
 	case "existing":
 		a, err := decodeAllocation(str(res[1]))
 		if err != nil {
