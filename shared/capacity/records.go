@@ -295,8 +295,12 @@ func setGPUField(gpus *[]FreeGPU, k, v string) error {
 		*gpus = append(*gpus, FreeGPU{Index: len(*gpus)})
 	}
 	g := &(*gpus)[i]
-	if k[dot+1:] == "mig" {
+	switch k[dot+1:] {
+	case "mig":
 		return nil // MIG capability is in the spec
+	case "health":
+		g.Health = GPUHealth(v)
+		return nil
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {

@@ -75,6 +75,11 @@ for i = 0, n - 1 do
   table.insert(f, p .. 'max'); table.insert(f, fmt(max[i]))
   table.insert(f, p .. 'mig'); table.insert(f, mig[i])
 end
+-- GPU health marks (SetGPUHealth) outlive a registration.
+for i = 0, n - 1 do
+  local h = redis.call('HGET', KEYS[1], 'g' .. fmt(i) .. '.health')
+  if h then table.insert(f, 'g' .. fmt(i) .. '.health'); table.insert(f, h) end
+end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(f))
 redis.call('SADD', KEYS[3], ARGV[1])
@@ -90,7 +95,7 @@ return {'ok', epoch, status, 1}
 // Reply: {'ok', version}, {'existing', allocation JSON}, {'not_found'},
 // {'dead', epoch}, {'epoch', epoch}, {'not_ready', status},
 // {'short', GPU index or '-1', resource, free, want}, {'no_gpu', index, count},
-// {'not_mig', index}.
+// {'not_mig', index}, {'unhealthy', index, health}.
 var reserveScript = redis.NewScript(luaHelpers + `
 local existing = redis.call('HGET', KEYS[3], ARGV[1])
 if existing then return {'existing', existing} end
@@ -98,7 +103,7 @@ local n = tonumber(ARGV[6])
 local fields = {'status', 'epoch', 'cpu_free', 'mem_free', 'gpus'}
 for j = 0, n - 1 do
   local p = 'g' .. ARGV[7 + 4 * j] .. '.'
-  for _, f in ipairs({'milli', 'vram', 'sharers', 'max', 'mig'}) do fields[#fields + 1] = p .. f end
+  for _, f in ipairs({'milli', 'vram', 'sharers', 'max', 'mig', 'health'}) do fields[#fields + 1] = p .. f end
 end
 local v = redis.call('HMGET', KEYS[1], unpack(fields))
 if not v[1] then return {'not_found'} end
@@ -111,10 +116,11 @@ if mem < 0 then return {'short', '-1', 'memory_mib', v[4], ARGV[4]} end
 local set = {'cpu_free', fmt(cpu), 'mem_free', fmt(mem)}
 local count = tonumber(v[5])
 for j = 0, n - 1 do
-  local b, o = 7 + 4 * j, 6 + 5 * j
+  local b, o = 7 + 4 * j, 6 + 6 * j
   local i = ARGV[b]
   if tonumber(i) >= count then return {'no_gpu', i, v[5]} end
   if ARGV[b + 3] == '1' and v[o + 4] ~= '1' then return {'not_mig', i} end
+  if v[o + 5] then return {'unhealthy', i, v[o + 5]} end
   local milli, vram = tonumber(v[o]) - tonumber(ARGV[b + 1]), tonumber(v[o + 1]) - tonumber(ARGV[b + 2])
   local sharers, max = tonumber(v[o + 2]), tonumber(v[o + 3])
   if milli < 0 then return {'short', i, 'milli_gpu', v[o], ARGV[b + 1]} end

@@ -192,7 +192,8 @@ func (s *Store) Register(ctx context.Context, n Node) (uint64, error) {
 // Errors: ErrInvalid (p fails Validate, the node lacks a GPU of p, or a MIG
 // share names a GPU that is not MIG-capable), ErrNotFound (no such node),
 // ErrFenced (node dead, or its epoch is not p.Epoch: it was fenced since the
-// scheduler looked), ErrConflict (node draining), *InsufficientError.
+// scheduler looked), ErrConflict (node draining, or a GPU of p is not
+// healthy: see SetGPUHealth), *InsufficientError.
 func (s *Store) Reserve(ctx context.Context, p Placement) (Allocation, error) {
 	c, err := s.reserveCall(p)
 	if err != nil {
@@ -269,6 +270,8 @@ func (c reserveCall) outcome(res []any) (Allocation, error) {
 		return Allocation{}, fmt.Errorf("capacity: %s: %w: node has %s GPUs, placement names GPU %s", op, ErrInvalid, str(res[2]), str(res[1]))
 	case "not_mig":
 		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s is not MIG-capable", op, ErrInvalid, str(res[1]))
+	case "unhealthy":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s is %s", op, ErrConflict, str(res[1]), str(res[2]))
 	}
 	return Allocation{}, unexpected(op, res)
 }

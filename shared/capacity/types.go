@@ -108,7 +108,14 @@ type FreeGPU struct {
 	VRAMMiB    int64 // free VRAM
 	Sharers    int   // allocations using this GPU
 	MaxSharers int   // effective sharer limit
+	// Health is the GPU's last reported health (SetGPUHealth), empty when
+	// none but healthy was reported; only a healthy GPU takes new
+	// reservations.
+	Health GPUHealth
 }
+
+// Healthy reports whether the GPU takes new reservations.
+func (g FreeGPU) Healthy() bool { return g.Health == "" || g.Health == HealthHealthy }
 
 // NodeState is a node as stored: its static facts, status, epoch, what is
 // free and what is allocated.
