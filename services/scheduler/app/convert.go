@@ -90,6 +90,7 @@ func nodeOf(st *capacity.NodeState, classes map[string]classRecord) placement.No
 		if i < len(st.FreeGPUs) {
 			f := st.FreeGPUs[i]
 			pg.FreeMilli, pg.FreeVRAMMiB, pg.Sharers, pg.MaxSharers = f.Milli, f.VRAMMiB, f.Sharers, f.MaxSharers
+			pg.Unhealthy = !f.Healthy()
 		}
 		n.GPUs = append(n.GPUs, pg)
 	}

@@ -49,6 +49,9 @@ type Scheduler struct {
 	window    *placement.Window
 	in        chan *job
 	kick      chan struct{}
+	// changed names nodes the loop should re-read before its next round
+	// (a GPU's health changed).
+	changed chan string
 	// publishing bounds the rounds whose events are still being acked;
 	// publishers waits for them at shutdown.
 	publishing chan struct{}
@@ -120,6 +123,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 		window:     placement.NewWindow(cfg.WorkloadWindow, max(1, cfg.WorkloadWindow/10)),
 		in:         make(chan *job, cfg.BatchSize),
 		kick:       make(chan struct{}, 1),
+		changed:    make(chan string, 64),
 		publishing: make(chan struct{}, maxPublishing),
 		source:     "scheduler",
 		metrics:    d.Metrics,
@@ -136,6 +140,7 @@ func (s *Scheduler) Router() *bus.Router {
 	bus.On(r, s.onCancel)
 	bus.On(r, s.onStopped)
 	bus.On(r, s.onMigrating)
+	bus.On(r, s.onHealth)
 	return r
 }
 
@@ -311,6 +316,54 @@ func (s *Scheduler) onStopped(ctx context.Context, ev *shizuv1.RentalStopped, _ 
 	return nil
 }
 
+// onHealth records a GPU's reported health in the capacity store, so that
+// every replica stops placing on a degraded or failed GPU (the store's
+// reserve refuses it too) and places on it again once it is reported
+// healthy. A failed node as a whole (gpu_index -1) is failover's: it
+// fences the node. Reports about an older registration change nothing.
+func (s *Scheduler) onHealth(ctx context.Context, ev *shizuv1.NodeHealthChanged, _ bus.Delivery) error {
+	if ev.GetGpuIndex() < 0 {
+		return nil
+	}
+	var h capacity.GPUHealth
+	switch ev.GetHealth() {
+	case shizuv1.Health_HEALTH_HEALTHY:
+		h = capacity.HealthHealthy
+	case shizuv1.Health_HEALTH_DEGRADED:
+		h = capacity.HealthDegraded
+	case shizuv1.Health_HEALTH_FAILED:
+		h = capacity.HealthFailed
+	default:
+		return fault.Invalid("NodeHealthChanged: health %v", ev.GetHealth())
+	}
+	if ev.GetEpoch() < 1 {
+		return fault.Invalid("NodeHealthChanged: epoch %d", ev.GetEpoch())
+	}
+	changed, err := s.d.Store.SetGPUHealth(ctx, ev.GetNodeId(), uint64(ev.GetEpoch()), int(ev.GetGpuIndex()), h)
+	switch {
+	case capacity.IsNotFound(err), capacity.IsFenced(err):
+		return nil // gone, or about an older registration
+	case capacity.IsInvalid(err):
+		return fault.Invalid("%v", err)
+	case err != nil:
+		return err
+	}
+	if changed {
+		s.d.Log.InfoContext(ctx, "GPU health changed", "node", ev.GetNodeId(), "gpu", ev.GetGpuIndex(), "health", string(h))
+	}
+	select {
+	case s.changed <- ev.GetNodeId():
+	default: // the loop is busy; the store refuses the GPU meanwhile
+	}
+	if h == capacity.HealthHealthy && changed {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
 // maxPublishing is how many rounds may await their acks at once.
 const maxPublishing = 4
 
@@ -336,6 +389,10 @@ func (s *Scheduler) Run(ctx context.Context) {
 				}
 			}
 			s.round(ctx, batch)
+		case id := <-s.changed:
+			if err := s.refreshNode(ctx, id); err != nil {
+				s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
+			}
 		case <-tick.C:
 			s.retryPending(ctx, false)
 		case <-s.kick:
@@ -575,23 +632,36 @@ func (s *Scheduler) order(batch []*job, now time.Time) {
 	}
 }
 
-// commit reserves every placed job in the store, CommitWorkers at a time.
+// commitChunk is how many reserves one pipeline carries.
+const commitChunk = 64
+
+// commit reserves every placed job in the store: pipelines of commitChunk
+// reserves (capacity.Store.ReserveMany), up to CommitWorkers of them at
+// once. Within a pipeline the reserves run in round order.
 func (s *Scheduler) commit(ctx context.Context, jobs []*job) {
 	if len(jobs) == 0 {
 		return
 	}
 	var wg sync.WaitGroup
-	next := make(chan *job)
-	for range min(s.cfg.CommitWorkers, len(jobs)) {
+	next := make(chan []*job)
+	chunks := (len(jobs) + commitChunk - 1) / commitChunk
+	for range min(s.cfg.CommitWorkers, chunks) {
 		wg.Go(func() {
-			for j := range next {
-				j.tries++
-				j.alloc, j.err = s.d.Store.Reserve(ctx, placementOf(&j.r, j.placed))
+			ps := make([]capacity.Placement, 0, commitChunk)
+			for chunk := range next {
+				ps = ps[:0]
+				for _, j := range chunk {
+					j.tries++
+					ps = append(ps, placementOf(&j.r, j.placed))
+				}
+				for i, r := range s.d.Store.ReserveMany(ctx, ps) {
+					chunk[i].alloc, chunk[i].err = r.Allocation, r.Err
+				}
 			}
 		})
 	}
-	for _, j := range jobs {
-		next <- j
+	for start := 0; start < len(jobs); start += commitChunk {
+		next <- jobs[start:min(len(jobs), start+commitChunk)]
 	}
 	close(next)
 	wg.Wait()

@@ -198,7 +198,7 @@ func (p *Placer) shapeOf(r *Request) shape {
 
 // usable reports whether GPU g can take one GPU of shape s, and the share.
 func usable(g *GPU, s *shape) (Share, bool) {
-	if g.Sharers >= g.EffectiveMaxSharers() {
+	if g.Unhealthy || g.Sharers >= g.EffectiveMaxSharers() {
 		return Share{}, false
 	}
 	switch {

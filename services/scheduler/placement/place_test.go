@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 )
@@ -33,6 +34,10 @@ func TestEachFilterTurnsAwayTheNodeItChecks(t *testing.T) {
 			}
 		}), req("r", fraction(100, 1024)), placement.ReasonGPUs},
 		{"a whole GPU skips a shared GPU", with(node("n", 1), func(n *placement.Node) { use(n, 0, 100, 1024) }), req("r"), placement.ReasonGPUs},
+		{"a whole GPU skips an unhealthy GPU", with(node("n", 1), func(n *placement.Node) { n.GPUs[0].Unhealthy = true }), req("r"), placement.ReasonGPUs},
+		{"a fraction skips an unhealthy GPU", with(node("n", 1), func(n *placement.Node) { n.GPUs[0].Unhealthy = true }), req("r", fraction(100, 1024)), placement.ReasonGPUs},
+		{"an NVLink pair skips a domain with an unhealthy GPU", with(node("n", 2), func(n *placement.Node) { n.GPUs[1].Unhealthy = true }),
+			req("r", gpus(2), func(r *placement.Request) { r.NVLink = true }), placement.ReasonGPUs},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -308,6 +313,33 @@ func TestCPUOnlyTasksTakeHostCPUAndNoGPU(t *testing.T) {
 		again.ID = "cpu2"
 		if _, err := placer(t, pol).Place(c, &again); !errors.Is(err, placement.ErrNoFit) {
 			t.Fatalf("%s: a second 2-core task must not fit in 1 free core, got %v", pol, err)
+		}
+	}
+}
+
+// Every policy keeps off an unhealthy GPU and places on the node's healthy
+// ones.
+func TestNoPolicyPlacesOnAnUnhealthyGPU(t *testing.T) {
+	t.Parallel()
+	for _, pol := range placement.Policies {
+		n := node("n", 4)
+		n.GPUs[0].Unhealthy, n.GPUs[2].Unhealthy = true, true
+		c := &placement.Cluster{Nodes: []placement.Node{n}}
+		pl := placer(t, pol)
+		for i, r := range []placement.Request{req("a", fraction(250, 1024)), req("b"), req("c", fraction(500, 1024)), req("d", gpus(1))} {
+			p, err := pl.Place(c, &r)
+			if err != nil {
+				if i == 0 {
+					t.Fatalf("%s: %s: %v", pol, r.ID, err)
+				}
+				continue
+			}
+			for _, sh := range p.GPUs {
+				if sh.Index == 0 || sh.Index == 2 {
+					t.Fatalf("%s: %s placed on unhealthy GPU %d", pol, r.ID, sh.Index)
+				}
+			}
+			c.Nodes[0].Apply(&r, p, time.Time{})
 		}
 	}
 }

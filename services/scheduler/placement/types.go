@@ -90,6 +90,9 @@ type GPU struct {
 	VRAMMiB    int64
 	Index      int
 	MIGCapable bool
+	// Unhealthy: the GPU was reported degraded or failed; it takes no new
+	// rental.
+	Unhealthy bool
 	// NVLinkDomain is the index of the GPU's NVLink domain on its node, -1
 	// for none.
 	NVLinkDomain int
