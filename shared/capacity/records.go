@@ -62,9 +62,9 @@ type allocationRecord struct {
 }
 
 type shareRecord struct {
-	Index      int    `json:"index"`
-	Milli      int64  `json:"milli"`
-	VRAMMiB    int64  `json:"vram_mib"`
+	Index       int    `json:"index"`
+	Milli       int64  `json:"milli"`
+	VRAMMiB     int64  `json:"vram_mib"`
 	MIGProfile  string `json:"mig_profile,omitempty"`
 	MIGInstance string `json:"mig_instance,omitempty"`
 }

@@ -61,7 +61,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Service: service.Defaults(topology.Scheduler), Policy: string(placement.PolicyFGD),
-		MaxCandidates: 64, BatchSize: 512, Concurrency: 1024, CommitWorkers: 32,
+		MaxCandidates: 64, BatchSize: 512, Concurrency: 4096, CommitWorkers: 32,
 		PendingTimeout: 10 * time.Minute, PendingRetry: 500 * time.Millisecond, PreemptionNotice: 30 * time.Second,
 		SnapshotMaxAge: 5 * time.Second, AgingStep: time.Second, WorkloadWindow: 5000,
 		KeyPrefix: "shizu", OutcomeTTL: 7 * 24 * time.Hour,
