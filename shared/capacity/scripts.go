@@ -24,7 +24,7 @@ local function fmt(x) return string.format('%d', x) end
 // ARGV: node id, spec JSON, cpu milli, memory MiB, GPU count n, then n
 // groups of (VRAM MiB, max sharers, "1" if in MIG mode), then the MIG
 // instance count m and m pairs (GPU index, instance UUID).
-// A GPU's MIG instances are fields g<i>.mi.<uuid>: ” when free, else the
+// A GPU's MIG instances are fields g<i>.mi.<uuid>: empty when free, else the
 // holding rental id.
 // Reply: {'ok', epoch, status, changed 0|1} or
 // {'misfit', rental id, resource, GPU index, value} when a live allocation
@@ -106,7 +106,7 @@ return {'ok', epoch, status, 1}
 // KEYS: node, allocs, rentals, version.
 // ARGV: rental id, epoch, cpu milli, memory MiB, allocation JSON, share
 // count n, then n groups of (GPU index, milli, VRAM MiB, "1" if MIG, MIG
-// instance UUID or ”).
+// instance UUID or an empty string).
 // Reply: {'ok', version}, {'existing', allocation JSON}, {'not_found'},
 // {'dead', epoch}, {'epoch', epoch}, {'not_ready', status},
 // {'short', GPU index or '-1', resource, free, want}, {'no_gpu', index, count},
