@@ -559,7 +559,11 @@ func (s *Scheduler) round(ctx context.Context, batch []*job) {
 	var placed, noFit []*job
 	refreshed := false
 	for pass := 0; pass < maxPasses && len(todo) > 0; pass++ {
+		// Each chunk of commitChunk placements is reserved while the next
+		// chunk is being placed.
 		var commit []*job
+		cm := s.startCommit(ctx)
+		chunk := 0
 		for _, j := range todo {
 			p, err := s.placer.Place(&s.cluster, &j.r)
 			switch {
@@ -569,6 +573,10 @@ func (s *Scheduler) round(ctx context.Context, batch []*job) {
 				s.cluster.Nodes[k].Apply(&j.r, p, start)
 				s.meter.Update(&s.cluster, k)
 				commit = append(commit, j)
+				if len(commit)-chunk == commitChunk {
+					cm.send(commit[chunk:])
+					chunk = len(commit)
+				}
 			case errors.Is(err, placement.ErrNoFit):
 				j.noFit = true
 				noFit = append(noFit, j)
@@ -578,7 +586,8 @@ func (s *Scheduler) round(ctx context.Context, batch []*job) {
 			}
 		}
 		todo = nil
-		s.commit(ctx, commit)
+		cm.send(commit[chunk:])
+		cm.wait()
 		for _, j := range commit {
 			switch {
 			case j.err == nil:
@@ -635,36 +644,54 @@ func (s *Scheduler) order(batch []*job, now time.Time) {
 // commitChunk is how many reserves one pipeline carries.
 const commitChunk = 64
 
-// commit reserves every placed job in the store: pipelines of commitChunk
-// reserves (capacity.Store.ReserveMany), up to CommitWorkers of them at
-// once. Within a pipeline the reserves run in round order.
-func (s *Scheduler) commit(ctx context.Context, jobs []*job) {
-	if len(jobs) == 0 {
+// committer reserves chunks of placed jobs in the store while the loop
+// places the next ones: each chunk is one capacity.Store.ReserveMany
+// pipeline (its reserves run in round order), up to CommitWorkers
+// pipelines at once. The loop must not touch a sent job's alloc, err or
+// tries until wait returns.
+type committer struct {
+	s       *Scheduler
+	ctx     context.Context
+	chunks  chan []*job
+	workers int
+	wg      sync.WaitGroup
+}
+
+func (s *Scheduler) startCommit(ctx context.Context) *committer {
+	return &committer{s: s, ctx: ctx, chunks: make(chan []*job, s.cfg.BatchSize/commitChunk+1)}
+}
+
+// send queues a chunk, starting a worker while fewer than CommitWorkers
+// run.
+func (c *committer) send(chunk []*job) {
+	if len(chunk) == 0 {
 		return
 	}
-	var wg sync.WaitGroup
-	next := make(chan []*job)
-	chunks := (len(jobs) + commitChunk - 1) / commitChunk
-	for range min(s.cfg.CommitWorkers, chunks) {
-		wg.Go(func() {
-			ps := make([]capacity.Placement, 0, commitChunk)
-			for chunk := range next {
-				ps = ps[:0]
-				for _, j := range chunk {
-					j.tries++
-					ps = append(ps, placementOf(&j.r, j.placed))
-				}
-				for i, r := range s.d.Store.ReserveMany(ctx, ps) {
-					chunk[i].alloc, chunk[i].err = r.Allocation, r.Err
-				}
-			}
-		})
+	if c.workers < c.s.cfg.CommitWorkers {
+		c.workers++
+		c.wg.Go(c.work)
 	}
-	for start := 0; start < len(jobs); start += commitChunk {
-		next <- jobs[start:min(len(jobs), start+commitChunk)]
+	c.chunks <- chunk
+}
+
+func (c *committer) work() {
+	ps := make([]capacity.Placement, 0, commitChunk)
+	for chunk := range c.chunks {
+		ps = ps[:0]
+		for _, j := range chunk {
+			j.tries++
+			ps = append(ps, placementOf(&j.r, j.placed))
+		}
+		for i, r := range c.s.d.Store.ReserveMany(c.ctx, ps) {
+			chunk[i].alloc, chunk[i].err = r.Allocation, r.Err
+		}
 	}
-	close(next)
-	wg.Wait()
+}
+
+// wait returns once every sent chunk is reserved (or refused).
+func (c *committer) wait() {
+	close(c.chunks)
+	c.wg.Wait()
 }
 
 // finishRound records outcomes and publishes them.
