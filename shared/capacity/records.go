@@ -325,8 +325,8 @@ func setGPUField(gpus *[]FreeGPU, k, v string) error {
 		return nil
 	}
 	switch k[dot+1:] {
-	case "mig":
-		return nil // MIG mode is in the spec
+	case "mig", "migmode":
+		return nil // MIG capability and mode are in the spec
 	case "health":
 		g.Health = GPUHealth(v)
 		return nil

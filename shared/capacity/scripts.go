@@ -24,8 +24,11 @@ local function fmt(x) return string.format('%d', x) end
 // ARGV: node id, spec JSON, cpu milli, memory MiB, GPU count n, then n
 // groups of (VRAM MiB, max sharers, "1" if in MIG mode), then the MIG
 // instance count m and m pairs (GPU index, instance UUID).
-// A GPU's MIG instances are fields g<i>.mi.<uuid>: empty when free, else the
-// holding rental id.
+// A GPU's MIG mode is field g<i>.migmode ("1" or "0"; stores written
+// before MIG mode was tracked have only g<i>.mig, MIG capability, and are
+// read as not in MIG mode until the node registers again); its MIG
+// instances are fields g<i>.mi.<uuid>: empty when free, else the holding
+// rental id.
 // Reply: {'ok', epoch, status, changed 0|1} or
 // {'misfit', rental id, resource, GPU index, value} when a live allocation
 // does not fit the new facts.
@@ -86,7 +89,7 @@ for i = 0, n - 1 do
   table.insert(f, p .. 'vram'); table.insert(f, fmt(vram[i]))
   table.insert(f, p .. 'sharers'); table.insert(f, fmt(sharers[i]))
   table.insert(f, p .. 'max'); table.insert(f, fmt(max[i]))
-  table.insert(f, p .. 'mig'); table.insert(f, mig[i])
+  table.insert(f, p .. 'migmode'); table.insert(f, mig[i])
 end
 for field, holder in pairs(inst) do table.insert(f, field); table.insert(f, holder) end
 -- GPU health marks (SetGPUHealth) outlive a registration.
@@ -119,7 +122,7 @@ local n = tonumber(ARGV[6])
 local fields = {'status', 'epoch', 'cpu_free', 'mem_free', 'gpus'}
 for j = 0, n - 1 do
   local p = 'g' .. ARGV[7 + 5 * j] .. '.'
-  for _, f in ipairs({'milli', 'vram', 'sharers', 'max', 'mig', 'health', 'mi.' .. ARGV[11 + 5 * j]}) do fields[#fields + 1] = p .. f end
+  for _, f in ipairs({'milli', 'vram', 'sharers', 'max', 'migmode', 'health', 'mi.' .. ARGV[11 + 5 * j]}) do fields[#fields + 1] = p .. f end
 end
 local v = redis.call('HMGET', KEYS[1], unpack(fields))
 if not v[1] then return {'not_found'} end
