@@ -58,6 +58,9 @@ const (
 	ResourceMilliGPU = "milli_gpu"
 	ResourceVRAM     = "vram_mib"
 	ResourceSharers  = "sharer_slots"
+	// ResourceMIGInstance: the MIG instance named is held by another
+	// allocation.
+	ResourceMIGInstance = "mig_instance"
 )
 
 // InsufficientError says which resource of which GPU (or of the host) was

@@ -64,6 +64,23 @@ func gpuNode(id string, n int) capacity.Node {
 	return node
 }
 
+// migNode is gpuNode(id, 2) with GPU 1 in MIG mode, partitioned into a
+// 1g.10gb instance MIG-<id>-1a and a 3g.40gb instance MIG-<id>-1b.
+func migNode(id string) capacity.Node {
+	n := gpuNode(id, 2)
+	n.GPUs[1].MIGEnabled = true
+	n.GPUs[1].MIGInstances = []capacity.MIGInstance{
+		{UUID: "MIG-" + id + "-1a", Profile: "1g.10gb", VRAMMiB: 9856},
+		{UUID: "MIG-" + id + "-1b", Profile: "3g.40gb", VRAMMiB: 40192},
+	}
+	return n
+}
+
+// migShare is a 1g.10gb share of MIG instance uuid on GPU index.
+func migShare(index int, uuid string) capacity.GPUShare {
+	return capacity.GPUShare{Index: index, Milli: 142, VRAMMiB: 10240, MIGProfile: "1g.10gb", MIGInstance: uuid}
+}
+
 // place is a valid placement for tenant "acme" with 4 cores and 32 GiB.
 func place(rental, node string, epoch uint64, shares ...capacity.GPUShare) capacity.Placement {
 	return capacity.Placement{

@@ -83,11 +83,16 @@ func (n *modelNode) free() modelFree {
 // fits says whether the live allocations fit a node's new facts.
 func (n *modelNode) fits(spec capacity.Node) bool {
 	trial := &modelNode{spec: spec, allocs: n.allocs}
+	held := map[string]bool{}
 	for _, a := range n.allocs {
 		for _, g := range a.GPUs {
-			if g.Index >= len(spec.GPUs) || (g.MIGProfile != "" && !spec.GPUs[g.Index].MIGCapable) {
+			if g.Index >= len(spec.GPUs) || (g.MIGProfile != "") != spec.GPUs[g.Index].MIGEnabled {
 				return false
 			}
+			if g.MIGInstance != "" && (held[g.MIGInstance] || !hasInstance(spec.GPUs[g.Index], g.MIGInstance)) {
+				return false
+			}
+			held[g.MIGInstance] = true
 		}
 	}
 	f := trial.free()
@@ -144,11 +149,23 @@ func (m *model) reserve(p capacity.Placement) (capacity.Placement, bool, expecte
 	if f.mem < p.MemoryMiB {
 		return short(-1, capacity.ResourceMemory, f.mem, p.MemoryMiB)
 	}
+	held := map[string]bool{}
+	for _, a := range n.allocs {
+		for _, g := range a.GPUs {
+			held[g.MIGInstance] = true
+		}
+	}
 	for _, g := range p.GPUs {
 		i := g.Index
 		switch {
-		case i >= len(n.spec.GPUs), g.MIGProfile != "" && !n.spec.GPUs[i].MIGCapable:
+		case i >= len(n.spec.GPUs):
 			return p, false, expected{err: capacity.ErrInvalid}
+		case g.MIGProfile != "" && !n.spec.GPUs[i].MIGEnabled,
+			g.MIGProfile != "" && !hasInstance(n.spec.GPUs[i], g.MIGInstance),
+			g.MIGProfile == "" && n.spec.GPUs[i].MIGEnabled:
+			return p, false, expected{err: capacity.ErrConflict}
+		case g.MIGProfile != "" && held[g.MIGInstance]:
+			return short(i, capacity.ResourceMIGInstance, 0, 1)
 		case f.milli[i] < g.Milli:
 			return short(i, capacity.ResourceMilliGPU, f.milli[i], g.Milli)
 		case f.vram[i] < g.VRAMMiB:
@@ -160,6 +177,15 @@ func (m *model) reserve(p capacity.Placement) (capacity.Placement, bool, expecte
 	n.allocs[p.RentalID] = p
 	m.rentals[p.RentalID] = p.NodeID
 	return p, false, expected{}
+}
+
+func hasInstance(g capacity.GPU, uuid string) bool {
+	for _, m := range g.MIGInstances {
+		if m.UUID == uuid {
+			return true
+		}
+	}
+	return false
 }
 
 func (m *model) release(rental string) bool {
@@ -262,6 +288,18 @@ func nodeVariant(id string, v int) capacity.Node {
 		n := gpuNode(id, 1)
 		n.CPUMilli, n.MemoryMiB = 16_000, 64*1024
 		return n
+	case 4: // GPU 1 in MIG mode with two 1g.10gb instances
+		n := gpuNode(id, 2)
+		n.GPUs[1].MIGEnabled = true
+		n.GPUs[1].MIGInstances = []capacity.MIGInstance{{UUID: "MIG-" + id + "-1a", Profile: "1g.10gb", VRAMMiB: 9856},
+			{UUID: "MIG-" + id + "-1b", Profile: "1g.10gb", VRAMMiB: 9856}}
+		return n
+	case 5: // GPU 1 in MIG mode, repartitioned: one instance kept, one new
+		n := gpuNode(id, 2)
+		n.GPUs[1].MIGEnabled = true
+		n.GPUs[1].MIGInstances = []capacity.MIGInstance{{UUID: "MIG-" + id + "-1a", Profile: "1g.10gb", VRAMMiB: 9856},
+			{UUID: "MIG-" + id + "-1c", Profile: "2g.20gb", VRAMMiB: 19968}}
+		return n
 	}
 	return gpuNode(id, 2)
 }
@@ -308,8 +346,9 @@ func TestStoreMatchesModel(t *testing.T) {
 					Milli:   rapid.OneOf(rapid.SampledFrom([]int64{1, 100, 250, 500, 1000}), rapid.Int64Range(1, 1000)).Draw(rt, "milli"),
 					VRAMMiB: rapid.Int64Range(0, 50*1024).Draw(rt, "vram"),
 				}
-				if rapid.IntRange(0, 5).Draw(rt, "mig") == 0 {
+				if rapid.IntRange(0, 3).Draw(rt, "mig") == 0 {
 					g.MIGProfile = "1g.10gb"
+					g.MIGInstance = "MIG-" + nodeID + "-" + rapid.SampledFrom([]string{"1a", "1b", "1c", "0a"}).Draw(rt, "instance")
 				}
 				p.GPUs = append(p.GPUs, g)
 			}
@@ -325,7 +364,7 @@ func TestStoreMatchesModel(t *testing.T) {
 
 		rt.Repeat(map[string]func(*rapid.T){
 			"register": func(rt *rapid.T) {
-				spec := nodeVariant(rapid.SampledFrom(propNodes).Draw(rt, "node"), rapid.IntRange(0, 3).Draw(rt, "variant"))
+				spec := nodeVariant(rapid.SampledFrom(propNodes).Draw(rt, "node"), rapid.IntRange(0, 5).Draw(rt, "variant"))
 				wantEpoch, want := m.register(spec)
 				epoch, err := s.Register(ctx, spec)
 				if cerr := want.check(err); cerr != nil {
@@ -416,9 +455,25 @@ func TestStoreMatchesModel(t *testing.T) {
 						rt.Fatalf("node %s allocations:\n got %+v\nwant %+v", st.ID, got, want)
 					}
 					f := n.free()
+					held := map[string]bool{}
+					for _, a := range n.allocs {
+						for _, g := range a.GPUs {
+							held[g.MIGInstance] = true
+						}
+					}
 					for i, g := range st.FreeGPUs {
 						if g.Milli != f.milli[i] || g.VRAMMiB != f.vram[i] || g.Sharers != f.sharers[i] {
 							rt.Fatalf("node %s GPU %d: %+v, model milli %d vram %d sharers %d", st.ID, i, g, f.milli[i], f.vram[i], f.sharers[i])
+						}
+						var free []string
+						for _, m := range n.spec.GPUs[i].MIGInstances {
+							if !held[m.UUID] {
+								free = append(free, m.UUID)
+							}
+						}
+						slices.Sort(free)
+						if !slices.Equal(g.FreeMIGInstances, free) {
+							rt.Fatalf("node %s GPU %d: free MIG instances %v, model %v", st.ID, i, g.FreeMIGInstances, free)
 						}
 					}
 				}

@@ -38,6 +38,16 @@ type gpuRecord struct {
 	MIGCapable  bool   `json:"mig_capable"`
 	NVLinkPeers []int  `json:"nvlink_peers,omitempty"`
 	MaxSharers  int    `json:"max_sharers"`
+	MIGEnabled  bool   `json:"mig_enabled,omitempty"`
+	// MIGInstances: the Lua scripts do not read them; Register passes
+	// their UUIDs as arguments.
+	MIGInstances []migRecord `json:"mig_instances,omitempty"`
+}
+
+type migRecord struct {
+	UUID    string `json:"uuid"`
+	Profile string `json:"profile"`
+	VRAMMiB int64  `json:"vram_mib"`
 }
 
 type allocationRecord struct {
@@ -55,10 +65,11 @@ type allocationRecord struct {
 }
 
 type shareRecord struct {
-	Index      int    `json:"index"`
-	Milli      int64  `json:"milli"`
-	VRAMMiB    int64  `json:"vram_mib"`
-	MIGProfile string `json:"mig_profile,omitempty"`
+	Index       int    `json:"index"`
+	Milli       int64  `json:"milli"`
+	VRAMMiB     int64  `json:"vram_mib"`
+	MIGProfile  string `json:"mig_profile,omitempty"`
+	MIGInstance string `json:"mig_instance,omitempty"`
 }
 
 func encodeNode(n Node) ([]byte, error) {
@@ -73,6 +84,10 @@ func encodeNode(n Node) ([]byte, error) {
 		r.GPUs[i] = gpuRecord{
 			Index: g.Index, UUID: g.UUID, Model: g.Model, VRAMMiB: g.VRAMMiB,
 			MIGCapable: g.MIGCapable, NVLinkPeers: g.NVLinkPeers, MaxSharers: g.MaxSharers,
+			MIGEnabled: g.MIGEnabled,
+		}
+		for _, m := range g.MIGInstances {
+			r.GPUs[i].MIGInstances = append(r.GPUs[i].MIGInstances, migRecord(m))
 		}
 	}
 	return json.Marshal(r)
@@ -94,6 +109,10 @@ func decodeNode(raw string) (Node, error) {
 		n.GPUs[i] = GPU{
 			Index: g.Index, UUID: g.UUID, Model: g.Model, VRAMMiB: g.VRAMMiB,
 			MIGCapable: g.MIGCapable, NVLinkPeers: g.NVLinkPeers, MaxSharers: g.MaxSharers,
+			MIGEnabled: g.MIGEnabled,
+		}
+		for _, m := range g.MIGInstances {
+			n.GPUs[i].MIGInstances = append(n.GPUs[i].MIGInstances, MIGInstance(m))
 		}
 	}
 	return n, nil
@@ -104,6 +123,7 @@ func cloneNode(n Node) Node {
 	n.GPUs = slices.Clone(n.GPUs)
 	for i := range n.GPUs {
 		n.GPUs[i].NVLinkPeers = slices.Clone(n.GPUs[i].NVLinkPeers)
+		n.GPUs[i].MIGInstances = slices.Clone(n.GPUs[i].MIGInstances)
 	}
 	if n.NVLinkDomains != nil {
 		n.NVLinkDomains = slices.Clone(n.NVLinkDomains)
@@ -257,6 +277,9 @@ func decodeNodeState(c *decodeCache, id string, fields any, allocs []any) (NodeS
 	if count != len(st.FreeGPUs) || count != len(st.GPUs) {
 		return fail("gpus", fmt.Errorf("count %d, %d GPU states, %d GPUs in spec", count, len(st.FreeGPUs), len(st.GPUs)))
 	}
+	for i := range st.FreeGPUs {
+		slices.Sort(st.FreeGPUs[i].FreeMIGInstances)
+	}
 	var err error
 	if st.Allocations, err = c.allocations(allocs); err != nil {
 		return fail("allocs", err)
@@ -299,8 +322,18 @@ func setGPUField(gpus *[]FreeGPU, k, v string) error {
 		*gpus = append(*gpus, FreeGPU{Index: len(*gpus)})
 	}
 	g := &(*gpus)[i]
-	if k[dot+1:] == "mig" {
-		return nil // MIG capability is in the spec
+	if uuid, ok := strings.CutPrefix(k[dot+1:], "mi."); ok {
+		if v == "" {
+			g.FreeMIGInstances = append(g.FreeMIGInstances, uuid)
+		}
+		return nil
+	}
+	switch k[dot+1:] {
+	case "mig", "migmode":
+		return nil // MIG capability and mode are in the spec
+	case "health":
+		g.Health = GPUHealth(v)
+		return nil
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {

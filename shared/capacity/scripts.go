@@ -22,7 +22,13 @@ local function fmt(x) return string.format('%d', x) end
 //
 // KEYS: node, allocs, nodes, version.
 // ARGV: node id, spec JSON, cpu milli, memory MiB, GPU count n, then n
-// groups of (VRAM MiB, max sharers, "1" if MIG-capable).
+// groups of (VRAM MiB, max sharers, "1" if in MIG mode), then the MIG
+// instance count m and m pairs (GPU index, instance UUID).
+// A GPU's MIG mode is field g<i>.migmode ("1" or "0"; stores written
+// before MIG mode was tracked have only g<i>.mig, MIG capability, and are
+// read as not in MIG mode until the node registers again); its MIG
+// instances are fields g<i>.mi.<uuid>: empty when free, else the holding
+// rental id.
 // Reply: {'ok', epoch, status, changed 0|1} or
 // {'misfit', rental id, resource, GPU index, value} when a live allocation
 // does not fit the new facts.
@@ -47,6 +53,10 @@ for i = 0, n - 1 do
   max[i] = tonumber(ARGV[b + 1])
   mig[i] = ARGV[b + 2]
 end
+local inst, mb = {}, 6 + 3 * n
+for k = 1, tonumber(ARGV[mb]) do
+  inst['g' .. ARGV[mb + 2 * k - 1] .. '.mi.' .. ARGV[mb + 2 * k]] = ''
+end
 for _, raw in ipairs(redis.call('HVALS', KEYS[2])) do
   local a = cjson.decode(raw)
   cpu = cpu - a.cpu_milli
@@ -55,6 +65,12 @@ for _, raw in ipairs(redis.call('HVALS', KEYS[2])) do
     local i = g.index
     if i >= n then return {'misfit', a.rental_id, 'gpu', fmt(i), fmt(n)} end
     if g.mig_profile and mig[i] ~= '1' then return {'misfit', a.rental_id, 'mig', fmt(i), g.mig_profile} end
+    if not g.mig_profile and mig[i] == '1' then return {'misfit', a.rental_id, 'mig_mode', fmt(i), ''} end
+    if g.mig_instance then
+      local f = 'g' .. fmt(i) .. '.mi.' .. g.mig_instance
+      if inst[f] ~= '' then return {'misfit', a.rental_id, 'mig_instance', fmt(i), g.mig_instance} end
+      inst[f] = a.rental_id
+    end
     milli[i] = milli[i] - g.milli
     vram[i] = vram[i] - g.vram_mib
     sharers[i] = sharers[i] + 1
@@ -73,7 +89,13 @@ for i = 0, n - 1 do
   table.insert(f, p .. 'vram'); table.insert(f, fmt(vram[i]))
   table.insert(f, p .. 'sharers'); table.insert(f, fmt(sharers[i]))
   table.insert(f, p .. 'max'); table.insert(f, fmt(max[i]))
-  table.insert(f, p .. 'mig'); table.insert(f, mig[i])
+  table.insert(f, p .. 'migmode'); table.insert(f, mig[i])
+end
+for field, holder in pairs(inst) do table.insert(f, field); table.insert(f, holder) end
+-- GPU health marks (SetGPUHealth) outlive a registration.
+for i = 0, n - 1 do
+  local h = redis.call('HGET', KEYS[1], 'g' .. fmt(i) .. '.health')
+  if h then table.insert(f, 'g' .. fmt(i) .. '.health'); table.insert(f, h) end
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(f))
@@ -86,12 +108,14 @@ return {'ok', epoch, status, 1}
 //
 // KEYS: node, allocs, rentals, version.
 // ARGV: rental id, epoch, cpu milli, memory MiB, allocation JSON, share
-// count n, then n groups of (GPU index, milli, VRAM MiB, "1" if MIG).
+// count n, then n groups of (GPU index, milli, VRAM MiB, "1" if MIG, MIG
+// instance UUID or an empty string).
 // Reply: {'ok', version}, {'existing', allocation JSON}, {'not_found'},
 // {'dead', epoch}, {'epoch', epoch}, {'not_ready', status},
 // {'short', GPU index or '-1', resource, free, want}, {'no_gpu', index, count},
-// {'not_mig', index}, {'handing_over'} (the node still holds the rental's
-// handed-over previous run).
+// {'not_mig', index}, {'mig_mode', index}, {'no_instance', index, uuid},
+// {'unhealthy', index, health}, {'handing_over'} (the node still holds the
+// rental's handed-over previous run).
 var reserveScript = redis.NewScript(luaHelpers + `
 local existing = redis.call('HGET', KEYS[3], ARGV[1])
 if existing then return {'existing', existing} end
@@ -101,8 +125,8 @@ if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {'handing_over'} end
 local n = tonumber(ARGV[6])
 local fields = {'status', 'epoch', 'cpu_free', 'mem_free', 'gpus'}
 for j = 0, n - 1 do
-  local p = 'g' .. ARGV[7 + 4 * j] .. '.'
-  for _, f in ipairs({'milli', 'vram', 'sharers', 'max', 'mig'}) do fields[#fields + 1] = p .. f end
+  local p = 'g' .. ARGV[7 + 5 * j] .. '.'
+  for _, f in ipairs({'milli', 'vram', 'sharers', 'max', 'migmode', 'health', 'mi.' .. ARGV[11 + 5 * j]}) do fields[#fields + 1] = p .. f end
 end
 local v = redis.call('HMGET', KEYS[1], unpack(fields))
 if not v[1] then return {'not_found'} end
@@ -115,10 +139,18 @@ if mem < 0 then return {'short', '-1', 'memory_mib', v[4], ARGV[4]} end
 local set = {'cpu_free', fmt(cpu), 'mem_free', fmt(mem)}
 local count = tonumber(v[5])
 for j = 0, n - 1 do
-  local b, o = 7 + 4 * j, 6 + 5 * j
+  local b, o = 7 + 5 * j, 6 + 7 * j
   local i = ARGV[b]
   if tonumber(i) >= count then return {'no_gpu', i, v[5]} end
-  if ARGV[b + 3] == '1' and v[o + 4] ~= '1' then return {'not_mig', i} end
+  if v[o + 5] then return {'unhealthy', i, v[o + 5]} end
+  if ARGV[b + 3] == '1' then
+    if v[o + 4] ~= '1' then return {'not_mig', i} end
+    if not v[o + 6] then return {'no_instance', i, ARGV[b + 4]} end
+    if v[o + 6] ~= '' then return {'short', i, 'mig_instance', '0', '1'} end
+    set[#set + 1] = fields[o + 6]; set[#set + 1] = ARGV[1]
+  elseif v[o + 4] == '1' then
+    return {'mig_mode', i}
+  end
   local milli, vram = tonumber(v[o]) - tonumber(ARGV[b + 1]), tonumber(v[o + 1]) - tonumber(ARGV[b + 2])
   local sharers, max = tonumber(v[o + 2]), tonumber(v[o + 3])
   if milli < 0 then return {'short', i, 'milli_gpu', v[o], ARGV[b + 1]} end
@@ -161,15 +193,17 @@ for _, g in ipairs(a.gpus) do
   fields[#fields + 1] = p .. 'milli'
   fields[#fields + 1] = p .. 'vram'
   fields[#fields + 1] = p .. 'sharers'
+  fields[#fields + 1] = p .. 'mi.' .. (g.mig_instance or '')
 end
 local v = redis.call('HMGET', KEYS[1], unpack(fields))
 if v[1] then
   local set = {'cpu_free', fmt(tonumber(v[1]) + a.cpu_milli), 'mem_free', fmt(tonumber(v[2]) + a.memory_mib)}
   for k, g in ipairs(a.gpus) do
-    local o = 3 * k
+    local o = 4 * k - 1
     set[#set + 1] = fields[o]; set[#set + 1] = fmt(tonumber(v[o]) + g.milli)
     set[#set + 1] = fields[o + 1]; set[#set + 1] = fmt(tonumber(v[o + 1]) + g.vram_mib)
     set[#set + 1] = fields[o + 2]; set[#set + 1] = fmt(tonumber(v[o + 2]) - 1)
+    if g.mig_instance and v[o + 3] == ARGV[1] then set[#set + 1] = fields[o + 3]; set[#set + 1] = '' end
   end
   redis.call('HSET', KEYS[1], unpack(set))
 end

@@ -143,11 +143,17 @@ func (s *Store) Register(ctx context.Context, n Node) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("capacity: %s: %w", op, err)
 	}
-	args := make([]any, 0, 5+3*len(n.GPUs))
+	args := make([]any, 0, 6+3*len(n.GPUs))
 	args = append(args, n.ID, spec, n.CPUMilli, n.MemoryMiB, len(n.GPUs))
+	var instances []any
 	for _, g := range n.GPUs {
-		args = append(args, g.VRAMMiB, g.EffectiveMaxSharers(), flag(g.MIGCapable))
+		args = append(args, g.VRAMMiB, g.EffectiveMaxSharers(), flag(g.MIGEnabled))
+		for _, m := range g.MIGInstances {
+			instances = append(instances, g.Index, m.UUID)
+		}
 	}
+	args = append(args, len(instances)/2)
+	args = append(args, instances...)
 	res, err := s.run(ctx, op, registerScript,
 		[]string{s.keys.node(n.ID), s.keys.allocs(n.ID), s.keys.nodes(), s.keys.version()}, args...)
 	if err != nil {
@@ -167,7 +173,11 @@ func (s *Store) Register(ctx context.Context, n Node) (uint64, error) {
 		case "gpu":
 			what = fmt.Sprintf("rental %s uses GPU %s but the node now has %s GPUs", rental, gpu, value)
 		case "mig":
-			what = fmt.Sprintf("rental %s holds MIG slice %s on GPU %s, which is no longer MIG-capable", rental, value, gpu)
+			what = fmt.Sprintf("rental %s holds MIG slice %s on GPU %s, which is no longer in MIG mode", rental, value, gpu)
+		case "mig_mode":
+			what = fmt.Sprintf("rental %s time-shares GPU %s, which is now in MIG mode", rental, gpu)
+		case "mig_instance":
+			what = fmt.Sprintf("rental %s holds MIG instance %s on GPU %s, which no longer has it", rental, value, gpu)
 		default:
 			where := "the host"
 			if gpu != "-1" {
@@ -189,34 +199,69 @@ func (s *Store) Register(ctx context.Context, n Node) (uint64, error) {
 // on this node or any other, the recorded allocation is returned with
 // Existing set, whatever p asks for, and nothing is written.
 //
-// Errors: ErrInvalid (p fails Validate, the node lacks a GPU of p, or a MIG
-// share names a GPU that is not MIG-capable), ErrNotFound (no such node),
-// ErrFenced (node dead, or its epoch is not p.Epoch: it was fenced since the
-// scheduler looked), ErrConflict (node draining), *InsufficientError.
+// A MIG share takes the instance it names, which must exist on a GPU in
+// MIG mode and be free (else *InsufficientError for ResourceMIGInstance);
+// a GPU in MIG mode takes no other share.
+//
+// Errors: ErrInvalid (p fails Validate, or the node lacks a GPU of p),
+// ErrNotFound (no such node), ErrFenced (node dead, or its epoch is not
+// p.Epoch: it was fenced since the scheduler looked), ErrConflict (node
+// draining, a GPU of p is not healthy (see SetGPUHealth), a MIG share on a
+// GPU not in MIG mode or naming an instance it does not have, a non-MIG
+// share on a GPU in MIG mode: the caller's view is stale),
+// *InsufficientError.
 func (s *Store) Reserve(ctx context.Context, p Placement) (Allocation, error) {
+	c, err := s.reserveCall(p)
+	if err != nil {
+		return Allocation{}, err
+	}
+	res, err := s.run(ctx, c.op, reserveScript, c.keys, c.args...)
+	if err != nil {
+		return Allocation{}, err
+	}
+	return c.outcome(res)
+}
+
+// reserveCall is one reserve script call, ready to run: Reserve runs one,
+// ReserveMany pipelines many.
+type reserveCall struct {
+	op      string
+	p       Placement
+	created time.Time
+	keys    []string
+	args    []any
+}
+
+// reserveCall validates p and builds its script call.
+func (s *Store) reserveCall(p Placement) (reserveCall, error) {
 	op := fmt.Sprintf("reserve rental %s on node %s", p.RentalID, p.NodeID)
 	if err := p.Validate(); err != nil {
-		return Allocation{}, fmt.Errorf("capacity: %s: %w", op, err)
+		return reserveCall{}, fmt.Errorf("capacity: %s: %w", op, err)
 	}
 	created := s.now().UTC()
 	raw, err := encodeAllocation(p, created)
 	if err != nil {
-		return Allocation{}, fmt.Errorf("capacity: %s: %w", op, err)
+		return reserveCall{}, fmt.Errorf("capacity: %s: %w", op, err)
 	}
-	args := make([]any, 0, 6+4*len(p.GPUs))
+	args := make([]any, 0, 6+5*len(p.GPUs))
 	args = append(args, p.RentalID, p.Epoch, p.CPUMilli, p.MemoryMiB, raw, len(p.GPUs))
 	for _, g := range p.GPUs {
-		args = append(args, g.Index, g.Milli, g.VRAMMiB, flag(g.MIGProfile != ""))
+		args = append(args, g.Index, g.Milli, g.VRAMMiB, flag(g.MIGProfile != ""), g.MIGInstance)
 	}
-	res, err := s.run(ctx, op, reserveScript,
-		[]string{s.keys.node(p.NodeID), s.keys.allocs(p.NodeID), s.keys.rentals(), s.keys.version()}, args...)
-	if err != nil {
-		return Allocation{}, err
+	return reserveCall{op: op, p: p, created: created, args: args,
+		keys: []string{s.keys.node(p.NodeID), s.keys.allocs(p.NodeID), s.keys.rentals(), s.keys.version()}}, nil
+}
+
+// outcome maps the reserve script's reply to Reserve's result.
+func (c reserveCall) outcome(res []any) (Allocation, error) {
+	op, p := c.op, c.p
+	if len(res) == 0 {
+		return Allocation{}, fmt.Errorf("capacity: %s: empty script reply", op)
 	}
 	switch str(res[0]) {
 	case "ok":
 		p.GPUs = slices.Clone(p.GPUs)
-		return Allocation{Placement: p, CreatedAt: created}, nil
+		return Allocation{Placement: p, CreatedAt: c.created}, nil
 	case "existing":
 		a, err := decodeAllocation(str(res[1]))
 		if err != nil {
@@ -240,7 +285,13 @@ func (s *Store) Reserve(ctx context.Context, p Placement) (Allocation, error) {
 	case "no_gpu":
 		return Allocation{}, fmt.Errorf("capacity: %s: %w: node has %s GPUs, placement names GPU %s", op, ErrInvalid, str(res[2]), str(res[1]))
 	case "not_mig":
-		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s is not MIG-capable", op, ErrInvalid, str(res[1]))
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s is not in MIG mode", op, ErrConflict, str(res[1]))
+	case "mig_mode":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s is in MIG mode and takes only MIG shares", op, ErrConflict, str(res[1]))
+	case "no_instance":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s has no MIG instance %s", op, ErrConflict, str(res[1]), str(res[2]))
+	case "unhealthy":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s is %s", op, ErrConflict, str(res[1]), str(res[2]))
 	case "handing_over":
 		return Allocation{}, fmt.Errorf("capacity: %s: %w: the node still holds the rental's previous run", op, ErrConflict)
 	}

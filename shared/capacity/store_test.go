@@ -152,22 +152,30 @@ func TestRegister(t *testing.T) {
 			n.GPUs, n.NVLinkDomains = n.GPUs[:1], nil
 			n.GPUs[0].NVLinkPeers = nil
 		}, "uses GPU 1 but the node now has 1 GPUs"},
-		{"VRAM shrinking below what is allocated", func(n *capacity.Node) { n.GPUs[1].VRAMMiB = 1024 }, "GPU 1 would have -19456 vram_mib free"},
-		{"a sharer limit below the sharers", func(n *capacity.Node) { n.GPUs[1].MaxSharers = 1 }, "GPU 1 would have -1 sharer_slots free"},
+		{"VRAM shrinking below what is allocated", func(n *capacity.Node) { n.GPUs[0].VRAMMiB = 1024 }, "GPU 0 would have -10240 vram_mib free"},
+		{"a sharer limit below the sharers", func(n *capacity.Node) { n.GPUs[0].MaxSharers = 1 }, "GPU 0 would have -1 sharer_slots free"},
 		{"host memory shrinking below what is allocated", func(n *capacity.Node) { n.MemoryMiB = 1024 }, "the host would have"},
-		{"a MIG slice on a GPU no longer MIG-capable", func(n *capacity.Node) { n.GPUs[1].MIGCapable = false }, "MIG slice 1g.10gb on GPU 1"},
+		{"a MIG slice on a GPU no longer in MIG mode", func(n *capacity.Node) { n.GPUs[1].MIGEnabled, n.GPUs[1].MIGInstances = false, nil },
+			"MIG slice 1g.10gb on GPU 1"},
+		{"a MIG instance a rental holds disappearing", func(n *capacity.Node) { n.GPUs[1].MIGInstances = n.GPUs[1].MIGInstances[1:] },
+			"MIG instance MIG-n1-1a on GPU 1"},
+		{"MIG mode on a time-shared GPU", func(n *capacity.Node) {
+			n.GPUs[0].MIGEnabled = true
+			n.GPUs[0].MIGInstances = []capacity.MIGInstance{{UUID: "MIG-n1-0a", Profile: "7g.80gb", VRAMMiB: 80 * 1024}}
+		}, "time-shares GPU 0"},
 	}
 	for _, tt := range misfits {
 		t.Run("new facts are refused and change nothing: "+tt.name, func(t *testing.T) {
 			t.Parallel()
 			s := storeOn(t, rdb, prefixFor(t))
-			epoch := mustRegister(t, s, gpuNode("n1", 2))
-			mustReserve(t, s, place("r1", "n1", epoch, share(1, 300, 10240)))
-			mig := place("r2", "n1", epoch, capacity.GPUShare{Index: 1, Milli: 142, VRAMMiB: 10240, MIGProfile: "1g.10gb"})
+			epoch := mustRegister(t, s, migNode("n1"))
+			mustReserve(t, s, place("r1", "n1", epoch, share(0, 300, 10240)))
+			mustReserve(t, s, place("r3", "n1", epoch, share(0, 100, 1024)))
+			mig := place("r2", "n1", epoch, migShare(1, "MIG-n1-1a"))
 			mig.CPUMilli, mig.MemoryMiB = 0, 0
 			mustReserve(t, s, mig)
 			before, v := mustNode(t, s, "n1"), mustVersion(t, s)
-			n := gpuNode("n1", 2)
+			n := migNode("n1")
 			tt.mutate(&n)
 			_, err := s.Register(t.Context(), n)
 			if !capacity.IsConflict(err) || !strings.Contains(err.Error(), tt.want) {
@@ -286,11 +294,31 @@ func TestReserve(t *testing.T) {
 			wantErr: capacity.ErrInvalid,
 		},
 		{
-			name: "a MIG slice on a GPU that is not MIG-capable is invalid",
-			place: place("r1", "n2", 1, capacity.GPUShare{
-				Index: 0, Milli: 142, VRAMMiB: 10240, MIGProfile: "1g.10gb",
-			}),
-			wantErr: capacity.ErrInvalid,
+			name:    "a MIG slice on a GPU not in MIG mode is a conflict",
+			place:   place("r1", "n1", 1, migShare(0, "MIG-m1-1a")),
+			wantErr: capacity.ErrConflict,
+		},
+		{
+			name:  "a MIG slice takes the free instance it names",
+			place: place("r1", "m1", 1, migShare(1, "MIG-m1-1a")),
+		},
+		{
+			name:    "a MIG slice naming an instance the GPU does not have is a conflict",
+			place:   place("r1", "m1", 1, migShare(1, "MIG-m1-1z")),
+			wantErr: capacity.ErrConflict,
+		},
+		{
+			name: "a MIG instance held by another rental is insufficient",
+			setup: func(t *testing.T, s *capacity.Store) {
+				mustReserve(t, s, place("r0", "m1", 1, migShare(1, "MIG-m1-1a")))
+			},
+			place:        place("r1", "m1", 1, migShare(1, "MIG-m1-1a")),
+			insufficient: &capacity.InsufficientError{Node: "m1", GPU: 1, Resource: capacity.ResourceMIGInstance, Free: 0, Want: 1},
+		},
+		{
+			name:    "a time-shared slice of a GPU in MIG mode is a conflict",
+			place:   place("r1", "m1", 1, share(1, 250, 1024)),
+			wantErr: capacity.ErrConflict,
 		},
 		{
 			name:    "an invalid placement is refused and changes nothing",
@@ -333,6 +361,7 @@ func TestReserve(t *testing.T) {
 			plain := gpuNode("n2", 1)
 			plain.GPUs[0].MIGCapable = false
 			mustRegister(t, s, plain)
+			mustRegister(t, s, migNode("m1"))
 			if tt.setup != nil {
 				tt.setup(t, s)
 			}

@@ -57,12 +57,28 @@ type GPU struct {
 	MIGCapable  bool
 	NVLinkPeers []int
 	// MaxSharers is how many allocations may share this GPU at once;
-	// 0 means DefaultMaxSharers.
+	// 0 means DefaultMaxSharers. Ignored in MIG mode.
 	MaxSharers int
+	// MIGEnabled: the GPU is in MIG mode. It then takes only MIG shares,
+	// each on one free instance of MIGInstances (so as many allocations as
+	// it has instances), and no whole-GPU or time-shared one.
+	MIGEnabled   bool
+	MIGInstances []MIGInstance
 }
 
-// EffectiveMaxSharers is MaxSharers with the default applied.
+// MIGInstance is one configured MIG instance of a GPU in MIG mode.
+type MIGInstance struct {
+	UUID    string // as NVML reports it, e.g. "MIG-4a1f5c3e-..."
+	Profile string // e.g. "1g.10gb"
+	VRAMMiB int64
+}
+
+// EffectiveMaxSharers is how many allocations the GPU may hold at once:
+// MaxSharers with the default applied, or in MIG mode its instance count.
 func (g GPU) EffectiveMaxSharers() int {
+	if g.MIGEnabled {
+		return len(g.MIGInstances)
+	}
 	if g.MaxSharers == 0 {
 		return DefaultMaxSharers
 	}
@@ -75,8 +91,10 @@ type GPUShare struct {
 	Milli   int64 // 1..MilliPerGPU
 	VRAMMiB int64
 	// MIGProfile names the MIG slice (e.g. "1g.10gb"); empty for a
-	// time-shared or whole GPU. A MIG share needs a MIG-capable GPU.
-	MIGProfile string
+	// time-shared or whole GPU. A MIG share needs a GPU in MIG mode and
+	// names in MIGInstance the UUID of a free instance of that profile.
+	MIGProfile  string
+	MIGInstance string
 }
 
 // Placement is what a scheduler asks to commit: a rental on one node, under
@@ -113,7 +131,17 @@ type FreeGPU struct {
 	VRAMMiB    int64 // free VRAM
 	Sharers    int   // allocations using this GPU
 	MaxSharers int   // effective sharer limit
+	// FreeMIGInstances are the UUIDs of the GPU's MIG instances that no
+	// allocation holds, sorted (empty unless the GPU is in MIG mode).
+	FreeMIGInstances []string
+	// Health is the GPU's last reported health (SetGPUHealth), empty when
+	// none but healthy was reported; only a healthy GPU takes new
+	// reservations.
+	Health GPUHealth
 }
+
+// Healthy reports whether the GPU takes new reservations.
+func (g FreeGPU) Healthy() bool { return g.Health == "" || g.Health == HealthHealthy }
 
 // NodeState is a node as stored: its static facts, status, epoch, what is
 // free and what is allocated.

@@ -2,6 +2,7 @@ package capacity
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 )
 
@@ -101,6 +102,24 @@ func (n Node) Validate() error {
 		if g.MaxSharers < 0 || g.MaxSharers > MilliPerGPU {
 			p.addf(f+".MaxSharers", "must be in 0..%d (0 = %d), got %d", MilliPerGPU, DefaultMaxSharers, g.MaxSharers)
 		}
+		if g.MIGEnabled && !g.MIGCapable {
+			p.addf(f+".MIGEnabled", "MIG mode on a GPU that is not MIG-capable")
+		}
+		if len(g.MIGInstances) > 0 && !g.MIGEnabled {
+			p.addf(f+".MIGInstances", "%d instances on a GPU not in MIG mode", len(g.MIGInstances))
+		}
+		for k, m := range g.MIGInstances {
+			mf := fmt.Sprintf("%s.MIGInstances[%d]", f, k)
+			if m.UUID == "" || strings.ContainsAny(m.UUID, " \t\n") {
+				p.addf(mf+".UUID", "must be a non-empty UUID without spaces, got %q", m.UUID)
+			} else if j, dup := uuids[m.UUID]; dup {
+				p.addf(mf+".UUID", "%q is also GPU %d's or one of its instances'", m.UUID, j)
+			} else {
+				uuids[m.UUID] = i
+			}
+			p.text(mf+".Profile", m.Profile)
+			p.quantity(mf+".VRAMMiB", m.VRAMMiB, 0)
+		}
 		seen := map[int]bool{}
 		for k, peer := range g.NVLinkPeers {
 			pf := fmt.Sprintf("%s.NVLinkPeers[%d]", f, k)
@@ -185,6 +204,11 @@ func (pl Placement) Validate() error {
 		p.quantity(f+".VRAMMiB", g.VRAMMiB, 0)
 		if g.MIGProfile != "" {
 			p.text(f+".MIGProfile", g.MIGProfile)
+		}
+		if (g.MIGProfile == "") != (g.MIGInstance == "") {
+			p.addf(f+".MIGInstance", "a MIG share names both its profile and its instance, got profile %q instance %q", g.MIGProfile, g.MIGInstance)
+		} else if g.MIGInstance != "" && strings.ContainsAny(g.MIGInstance, " \t\n") {
+			p.addf(f+".MIGInstance", "must not contain spaces, got %q", g.MIGInstance)
 		}
 	}
 	return invalid(p...)

@@ -39,6 +39,21 @@ func TestNodeValidate(t *testing.T) {
 			n.NVLinkDomains = [][]int{{0, 1}, {1}}
 		}, []string{"NVLinkDomains[1]: GPU 1 is already in NVLinkDomains[0]"}},
 		{"an empty label key is refused", func(n *capacity.Node) { n.Labels = map[string]string{"": "x"} }, []string{"Labels:"}},
+		{"a GPU in MIG mode with its instances is valid", func(n *capacity.Node) {
+			n.GPUs[1].MIGEnabled = true
+			n.GPUs[1].MIGInstances = []capacity.MIGInstance{{UUID: "MIG-a", Profile: "1g.10gb", VRAMMiB: 9856}, {UUID: "MIG-b", Profile: "3g.40gb"}}
+		}, nil},
+		{"MIG mode on a GPU that is not MIG-capable is refused", func(n *capacity.Node) {
+			n.GPUs[1].MIGCapable, n.GPUs[1].MIGEnabled = false, true
+		}, []string{"GPUs[1].MIGEnabled:"}},
+		{"MIG instances on a GPU not in MIG mode are refused", func(n *capacity.Node) {
+			n.GPUs[1].MIGInstances = []capacity.MIGInstance{{UUID: "MIG-a", Profile: "1g.10gb"}}
+		}, []string{"GPUs[1].MIGInstances:"}},
+		{"MIG instances without UUID or profile, or sharing a UUID, are refused", func(n *capacity.Node) {
+			n.GPUs[0].MIGEnabled, n.GPUs[1].MIGEnabled = true, true
+			n.GPUs[0].MIGInstances = []capacity.MIGInstance{{UUID: "", Profile: "1g.10gb"}, {UUID: "MIG-a", Profile: ""}}
+			n.GPUs[1].MIGInstances = []capacity.MIGInstance{{UUID: "MIG-a", Profile: "1g.10gb"}}
+		}, []string{"GPUs[0].MIGInstances[0].UUID:", "GPUs[0].MIGInstances[1].Profile:", "GPUs[1].MIGInstances[0].UUID:"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,8 +75,14 @@ func TestPlacementValidate(t *testing.T) {
 		{"the default fixture is valid", func(*capacity.Placement) {}, nil},
 		{"a MIG slice without host CPU is valid", func(p *capacity.Placement) {
 			p.CPUMilli, p.MemoryMiB = 0, 0
-			p.GPUs = []capacity.GPUShare{{Index: 3, Milli: 142, VRAMMiB: 10240, MIGProfile: "1g.10gb"}}
+			p.GPUs = []capacity.GPUShare{{Index: 3, Milli: 142, VRAMMiB: 10240, MIGProfile: "1g.10gb", MIGInstance: "MIG-1"}}
 		}, nil},
+		{"a MIG slice without its instance is refused", func(p *capacity.Placement) {
+			p.GPUs = []capacity.GPUShare{{Index: 3, Milli: 142, VRAMMiB: 10240, MIGProfile: "1g.10gb"}}
+		}, []string{"GPUs[0].MIGInstance:"}},
+		{"an instance without its profile is refused", func(p *capacity.Placement) {
+			p.GPUs = []capacity.GPUShare{{Index: 3, Milli: 142, VRAMMiB: 10240, MIGInstance: "MIG-1"}}
+		}, []string{"GPUs[0].MIGInstance:"}},
 		{"missing ids, epoch and tenant are all reported together", func(p *capacity.Placement) {
 			p.RentalID, p.NodeID, p.Epoch, p.Tenant = "", "", 0, ""
 		}, []string{"RentalID:", "NodeID:", "Epoch:", "Tenant:"}},

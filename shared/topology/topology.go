@@ -140,7 +140,9 @@ func Services() []Service {
 				subject.RentalPreemptedAll, subject.CapacityShortage, subject.AgentCmdAll},
 			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: "scheduler",
 				FilterSubjects: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll,
-					subject.RentalStoppedAll, subject.RentalMigratingAll}}},
+					subject.RentalStoppedAll, subject.RentalMigratingAll}},
+				// A GPU reported degraded or failed takes no new rental.
+				{Stream: StreamNodes, Durable: "scheduler-nodes", FilterSubjects: []string{subject.NodeHealthAll}}},
 		},
 		{
 			Name:      Metering,

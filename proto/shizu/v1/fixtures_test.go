@@ -186,6 +186,10 @@ func validNodeRegistered() *NodeRegistered {
 				Index: 1, Uuid: "GPU-11111111-1111-1111-1111-111111111111", Model: "H100-SXM5-80GB",
 				ProductName: "NVIDIA H100 80GB HBM3", VramMib: 81559, PciBusId: "00000000:5D:00.0",
 				MigCapable: true, NvlinkPeers: []int32{0}, Capabilities: []string{"fp8"},
+				MigEnabled: true, MigInstances: []*MigInstance{
+					{Uuid: "MIG-22222222-2222-2222-2222-222222222222", Profile: "3g.40gb", GpuInstanceId: 2, ComputeInstanceId: 0, VramMib: 40192},
+					{Uuid: "MIG-33333333-3333-3333-3333-333333333333", Profile: "1g.10gb", GpuInstanceId: 9, ComputeInstanceId: 0, VramMib: 9856},
+				},
 			},
 		},
 		NvlinkDomains: []*NVLinkDomain{{GpuIndexes: []int32{0, 1}}},

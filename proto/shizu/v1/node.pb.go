@@ -176,7 +176,12 @@ type Gpu struct {
 	NvlinkPeers []int32 `protobuf:"varint,9,rep,packed,name=nvlink_peers,json=nvlinkPeers,proto3" json:"nvlink_peers,omitempty"`
 	// Capabilities of the GPU, for example "fp8" or "rt-cores" (matched by
 	// RentalSpec.required_capabilities).
-	Capabilities  []string `protobuf:"bytes,10,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Capabilities []string `protobuf:"bytes,10,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// Whether MIG mode is enabled (NVML's current MIG mode). A GPU in MIG
+	// mode runs only on its MIG instances: it takes MIG rentals, one per
+	// configured instance of the asked profile, and no whole-GPU or
+	// time-shared rental.
+	MigEnabled    bool `protobuf:"varint,11,opt,name=mig_enabled,json=migEnabled,proto3" json:"mig_enabled,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -279,6 +284,13 @@ func (x *Gpu) GetCapabilities() []string {
 		return x.Capabilities
 	}
 	return nil
+}
+
+func (x *Gpu) GetMigEnabled() bool {
+	if x != nil {
+		return x.MigEnabled
+	}
+	return false
 }
 
 // NVLinkDomain is a group of GPUs of one node that all reach each other over
@@ -1091,7 +1103,7 @@ var File_shizu_v1_node_proto protoreflect.FileDescriptor
 
 const file_shizu_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x13shizu/v1/node.proto\x12\bshizu.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15shizu/v1/common.proto\"\xc5\x02\n" +
+	"\x13shizu/v1/node.proto\x12\bshizu.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15shizu/v1/common.proto\"\xe6\x02\n" +
 	"\x03Gpu\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x14\n" +
@@ -1105,7 +1117,9 @@ const file_shizu_v1_node_proto_rawDesc = "" +
 	"\rmig_instances\x18\b \x03(\v2\x15.shizu.v1.MigInstanceR\fmigInstances\x12!\n" +
 	"\fnvlink_peers\x18\t \x03(\x05R\vnvlinkPeers\x12\"\n" +
 	"\fcapabilities\x18\n" +
-	" \x03(\tR\fcapabilities\"/\n" +
+	" \x03(\tR\fcapabilities\x12\x1f\n" +
+	"\vmig_enabled\x18\v \x01(\bR\n" +
+	"migEnabled\"/\n" +
 	"\fNVLinkDomain\x12\x1f\n" +
 	"\vgpu_indexes\x18\x01 \x03(\x05R\n" +
 	"gpuIndexes\"\xef\x03\n" +

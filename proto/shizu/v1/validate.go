@@ -507,6 +507,9 @@ func (m *Gpu) Validate() error {
 	if m.GetPciBusId() == "" {
 		p.addf("pci_bus_id", "missing")
 	}
+	if m.GetMigEnabled() && !m.GetMigCapable() {
+		p.addf("mig_enabled", "MIG mode on a GPU that is not mig_capable")
+	}
 	if !m.GetMigCapable() && len(m.GetMigInstances()) > 0 {
 		p.addf("mig_instances", "%d instances on a GPU that is not mig_capable", len(m.GetMigInstances()))
 	}

@@ -81,7 +81,7 @@ func Describe(f Facts, inv gpu.Inventory) (*shizuv1.NodeRegistered, error) {
 			return nil, fmt.Errorf("gpu %d reports index %d", i, d.Index)
 		}
 		g := &shizuv1.Gpu{Index: int32(d.Index), Uuid: d.UUID, Model: d.Model, ProductName: d.ProductName,
-			VramMib: d.VRAMMiB, PciBusId: d.PCIBusID, MigCapable: d.MIGCapable, Capabilities: d.Capabilities}
+			VramMib: d.VRAMMiB, PciBusId: d.PCIBusID, MigCapable: d.MIGCapable, MigEnabled: d.MIGEnabled, Capabilities: d.Capabilities}
 		for _, p := range d.NVLinkPeers {
 			g.NvlinkPeers = append(g.NvlinkPeers, int32(p))
 		}

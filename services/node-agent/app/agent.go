@@ -283,7 +283,14 @@ func capacityNode(ev *shizuv1.NodeRegistered) capacity.Node {
 	}
 	for _, g := range ev.GetGpus() {
 		cg := capacity.GPU{Index: int(g.GetIndex()), UUID: g.GetUuid(), Model: g.GetModel(), VRAMMiB: g.GetVramMib(),
-			MIGCapable: g.GetMigCapable()}
+			MIGCapable: g.GetMigCapable(), MIGEnabled: g.GetMigEnabled()}
+		// A GPU in MIG mode runs rentals only on the instances it has: the
+		// store hands each to one rental at a time.
+		if cg.MIGEnabled {
+			for _, m := range g.GetMigInstances() {
+				cg.MIGInstances = append(cg.MIGInstances, capacity.MIGInstance{UUID: m.GetUuid(), Profile: m.GetProfile(), VRAMMiB: m.GetVramMib()})
+			}
+		}
 		for _, p := range g.GetNvlinkPeers() {
 			cg.NVLinkPeers = append(cg.NVLinkPeers, int(p))
 		}

@@ -61,7 +61,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Service: service.Defaults(topology.Scheduler), Policy: string(placement.PolicyFGD),
-		MaxCandidates: 64, BatchSize: 512, Concurrency: 1024, CommitWorkers: 32,
+		MaxCandidates: 64, BatchSize: 512, Concurrency: 4096, CommitWorkers: 32,
 		PendingTimeout: 10 * time.Minute, PendingRetry: 500 * time.Millisecond, PreemptionNotice: 30 * time.Second,
 		SnapshotMaxAge: 5 * time.Second, AgingStep: time.Second, WorkloadWindow: 5000,
 		KeyPrefix: "shizu", OutcomeTTL: 7 * 24 * time.Hour,
@@ -161,14 +161,15 @@ func Run(ctx context.Context, cfg Config) error {
 		if err := service.EnsureConsumers(ctx, rt, svc.Consumers...); err != nil {
 			return nil, err
 		}
-		return s.Start(ctx, svc.Consumers[0])
+		return s.Start(ctx, svc.Consumers...)
 	})
 }
 
-// Start runs the scheduling loop and consumes spec; the parts stop in
-// reverse: the subscription drains first (in-flight requests finish
+// Start runs the scheduling loop and consumes specs (the topology's
+// scheduler consumers: rentals, and node health); the parts stop in
+// reverse: the subscriptions drain first (in-flight requests finish
 // through the loop), then the loop stops.
-func (s *Scheduler) Start(ctx context.Context, spec bus.Consumer) ([]service.Part, error) {
+func (s *Scheduler) Start(ctx context.Context, specs ...bus.Consumer) ([]service.Part, error) {
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() {
@@ -180,12 +181,18 @@ func (s *Scheduler) Start(ctx context.Context, spec bus.Consumer) ([]service.Par
 		<-done
 		return nil
 	})
-	sub, err := s.d.Bus.Consume(ctx, spec, s.Router(), bus.ConsumeOptions{Concurrency: s.cfg.Concurrency, FastAck: true})
-	if err != nil {
-		_ = loop.Stop(ctx)
-		return nil, err
+	parts := []service.Part{loop}
+	for _, spec := range specs {
+		sub, err := s.d.Bus.Consume(ctx, spec, s.Router(), bus.ConsumeOptions{Concurrency: s.cfg.Concurrency, FastAck: true})
+		if err != nil {
+			for i := len(parts) - 1; i >= 0; i-- {
+				_ = parts[i].Stop(ctx)
+			}
+			return nil, err
+		}
+		parts = append(parts, service.Subscription{Subscription: sub})
 	}
-	return []service.Part{loop, service.Subscription{Subscription: sub}}, nil
+	return parts, nil
 }
 
 type stopFunc func(context.Context) error

@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -87,9 +88,20 @@ func nodeOf(st *capacity.NodeState, classes map[string]classRecord) placement.No
 			// The store keeps no PCIe tree: assume two GPUs per switch and
 			// half of the GPUs per NUMA node, the common 8-GPU layout.
 			PCIeSwitch: i / 2, NUMA: i * 2 / max(total, 1)}
+		pg.MIGEnabled = g.MIGEnabled
+		for _, m := range g.MIGInstances {
+			// Held until an allocation below or the free list says otherwise.
+			pg.MIGInstances = append(pg.MIGInstances, placement.MIGInstance{UUID: m.UUID, Profile: m.Profile, Holder: "?"})
+		}
 		if i < len(st.FreeGPUs) {
 			f := st.FreeGPUs[i]
 			pg.FreeMilli, pg.FreeVRAMMiB, pg.Sharers, pg.MaxSharers = f.Milli, f.VRAMMiB, f.Sharers, f.MaxSharers
+			pg.Unhealthy = !f.Healthy()
+			for k := range pg.MIGInstances {
+				if slices.Contains(f.FreeMIGInstances, pg.MIGInstances[k].UUID) {
+					pg.MIGInstances[k].Holder = ""
+				}
+			}
 		}
 		n.GPUs = append(n.GPUs, pg)
 	}
@@ -101,9 +113,17 @@ func nodeOf(st *capacity.NodeState, classes map[string]classRecord) placement.No
 		pa := placement.Allocation{RentalID: a.RentalID, Tenant: a.Tenant, Class: rec.Class, Priority: rec.Priority,
 			CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB, Since: a.CreatedAt}
 		for _, g := range a.GPUs {
-			pa.GPUs = append(pa.GPUs, placement.Share{Index: g.Index, Milli: g.Milli, VRAMMiB: g.VRAMMiB, MIGProfile: g.MIGProfile})
+			pa.GPUs = append(pa.GPUs, placement.Share{Index: g.Index, Milli: g.Milli, VRAMMiB: g.VRAMMiB, MIGProfile: g.MIGProfile,
+				MIGInstance: g.MIGInstance})
 			if prof, ok := placement.ParseMIGProfile(g.MIGProfile); ok && g.Index < len(n.GPUs) {
 				n.GPUs[g.Index].MIGSlices += prof.Slices
+			}
+			if g.MIGInstance != "" && g.Index < len(n.GPUs) {
+				for k := range n.GPUs[g.Index].MIGInstances {
+					if m := &n.GPUs[g.Index].MIGInstances[k]; m.UUID == g.MIGInstance {
+						m.Holder = a.RentalID
+					}
+				}
 			}
 		}
 		n.Allocations = append(n.Allocations, pa)
@@ -137,7 +157,8 @@ func placementOf(r *placement.Request, p placement.Placement) capacity.Placement
 	cp := capacity.Placement{RentalID: r.ID, NodeID: p.NodeID, Epoch: p.Epoch, Tenant: r.Tenant,
 		CPUMilli: p.CPUMilli, MemoryMiB: p.MemoryMiB}
 	for _, s := range p.GPUs {
-		cp.GPUs = append(cp.GPUs, capacity.GPUShare{Index: s.Index, Milli: s.Milli, VRAMMiB: s.VRAMMiB, MIGProfile: s.MIGProfile})
+		cp.GPUs = append(cp.GPUs, capacity.GPUShare{Index: s.Index, Milli: s.Milli, VRAMMiB: s.VRAMMiB, MIGProfile: s.MIGProfile,
+			MIGInstance: s.MIGInstance})
 	}
 	return cp
 }
@@ -165,10 +186,8 @@ func scheduledOf(ev *shizuv1.RentalRequested, a capacity.Allocation, node *place
 			out.GpuModel = node.GPUs[g.Index].Model
 		}
 		if g.MIGProfile != "" {
-			// The agent creates the MIG device and reports its real UUID in
-			// RentalStarted; this names the slot.
-			as.MigInstance = &shizuv1.MigInstance{Uuid: fmt.Sprintf("MIG-%s-%s", as.GpuUuid, ev.GetRentalId()),
-				Profile: g.MIGProfile, VramMib: g.VRAMMiB}
+			// The instance the store gave the rental; the agent runs it there.
+			as.MigInstance = &shizuv1.MigInstance{Uuid: g.MIGInstance, Profile: g.MIGProfile, VramMib: g.VRAMMiB}
 		}
 		out.Gpus = append(out.Gpus, as)
 	}

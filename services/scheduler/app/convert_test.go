@@ -1,6 +1,7 @@
 package app
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -42,14 +43,15 @@ func TestStoredNodesBecomePlacementNodesWithDomainsMIGAndClasses(t *testing.T) {
 	t.Parallel()
 	st := capacity.NodeState{
 		Node: capacity.Node{ID: "n", Zone: "z", Market: capacity.MarketSpot, CPUMilli: 1000, MemoryMiB: 1000,
-			GPUs: []capacity.GPU{{Index: 0, UUID: "g0", Model: "A100-SXM4-80GB", VRAMMiB: 80, MIGCapable: true},
+			GPUs: []capacity.GPU{{Index: 0, UUID: "g0", Model: "A100-SXM4-80GB", VRAMMiB: 80, MIGCapable: true, MIGEnabled: true,
+				MIGInstances: []capacity.MIGInstance{{UUID: "MIG-a", Profile: "2g.20gb", VRAMMiB: 20}, {UUID: "MIG-b", Profile: "2g.20gb", VRAMMiB: 20}}},
 				{Index: 1, UUID: "g1", Model: "A100-SXM4-80GB", VRAMMiB: 80}, {Index: 2, UUID: "g2", Model: "A100-SXM4-80GB", VRAMMiB: 80}},
 			NVLinkDomains: [][]int{{1, 2}}},
 		Status: capacity.StatusReady, Epoch: 3, FreeCPUMilli: 500, FreeMemoryMiB: 500,
-		FreeGPUs: []capacity.FreeGPU{{Index: 0, Milli: 715, VRAMMiB: 60, Sharers: 1, MaxSharers: 4},
-			{Index: 1, Milli: 1000, VRAMMiB: 80, MaxSharers: 4}, {Index: 2, Milli: 1000, VRAMMiB: 80, MaxSharers: 4}},
+		FreeGPUs: []capacity.FreeGPU{{Index: 0, Milli: 715, VRAMMiB: 60, Sharers: 1, MaxSharers: 2, FreeMIGInstances: []string{"MIG-b"}},
+			{Index: 1, Milli: 1000, VRAMMiB: 80, MaxSharers: 4, Health: capacity.HealthFailed}, {Index: 2, Milli: 1000, VRAMMiB: 80, MaxSharers: 4}},
 		Allocations: []capacity.Allocation{{Placement: capacity.Placement{RentalID: "mig", Tenant: "t",
-			GPUs: []capacity.GPUShare{{Index: 0, Milli: 285, VRAMMiB: 20, MIGProfile: "2g.20gb"}}}, CreatedAt: time.Unix(100, 0)}},
+			GPUs: []capacity.GPUShare{{Index: 0, Milli: 285, VRAMMiB: 20, MIGProfile: "2g.20gb", MIGInstance: "MIG-a"}}}, CreatedAt: time.Unix(100, 0)}},
 	}
 	n := nodeOf(&st, map[string]classRecord{"mig": {placement.ClassSpot, 7}})
 	if !n.Ready || n.Epoch != 3 || n.Market != placement.MarketSpot {
@@ -58,8 +60,13 @@ func TestStoredNodesBecomePlacementNodesWithDomainsMIGAndClasses(t *testing.T) {
 	if n.GPUs[0].NVLinkDomain != -1 || n.GPUs[1].NVLinkDomain != 0 || n.GPUs[2].NVLinkDomain != 0 {
 		t.Fatalf("domains %d %d %d", n.GPUs[0].NVLinkDomain, n.GPUs[1].NVLinkDomain, n.GPUs[2].NVLinkDomain)
 	}
-	if n.GPUs[0].MIGSlices != 2 || n.GPUs[0].FreeMilli != 715 {
+	if n.GPUs[0].MIGSlices != 2 || n.GPUs[0].FreeMilli != 715 || !n.GPUs[0].MIGEnabled || n.GPUs[1].MIGEnabled ||
+		!reflect.DeepEqual(n.GPUs[0].MIGInstances, []placement.MIGInstance{{UUID: "MIG-a", Profile: "2g.20gb", Holder: "mig"}, {UUID: "MIG-b", Profile: "2g.20gb"}}) ||
+		n.Allocations[0].GPUs[0].MIGInstance != "MIG-a" {
 		t.Fatalf("GPU 0: %+v", n.GPUs[0])
+	}
+	if n.GPUs[0].Unhealthy || !n.GPUs[1].Unhealthy || n.GPUs[2].Unhealthy {
+		t.Fatalf("health: %v %v %v", n.GPUs[0].Unhealthy, n.GPUs[1].Unhealthy, n.GPUs[2].Unhealthy)
 	}
 	if a := n.Allocations[0]; a.Class != placement.ClassSpot || a.Priority != 7 || !a.Since.Equal(time.Unix(100, 0)) {
 		t.Fatalf("allocation %+v", a)

@@ -63,7 +63,7 @@ func TestTheFragmentationGaugesFollowTheView(t *testing.T) {
 	}
 	svc, _ := topology.ServiceNamed(topology.Scheduler)
 	ctx, cancel := context.WithCancel(context.Background())
-	parts, err := s.Start(ctx, svc.Consumers[0])
+	parts, err := s.Start(ctx, svc.Consumers...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,7 +90,7 @@ func (e *env) replica(cfg app.Config, now func() time.Time) {
 	}
 	svc, _ := topology.ServiceNamed(topology.Scheduler)
 	ctx, cancel := context.WithCancel(context.Background())
-	parts, err := s.Start(ctx, svc.Consumers[0])
+	parts, err := s.Start(ctx, svc.Consumers...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,6 +161,8 @@ func (e *env) publish(evs ...proto.Message) {
 			subj, err = subject.Format(subject.RentalStopped, x.GetTenantId())
 		case *shizuv1.RentalMigrating:
 			subj, err = subject.Format(subject.RentalMigrating, x.GetTenantId())
+		case *shizuv1.NodeHealthChanged:
+			subj, err = subject.Format(subject.NodeHealth, x.GetNodeId())
 		default:
 			e.t.Fatalf("cannot publish %T", ev)
 		}

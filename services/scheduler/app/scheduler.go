@@ -49,6 +49,9 @@ type Scheduler struct {
 	window    *placement.Window
 	in        chan *job
 	kick      chan struct{}
+	// changed names nodes the loop should re-read before its next round
+	// (a GPU's health changed).
+	changed chan string
 	// publishing bounds the rounds whose events are still being acked;
 	// publishers waits for them at shutdown.
 	publishing chan struct{}
@@ -120,6 +123,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 		window:     placement.NewWindow(cfg.WorkloadWindow, max(1, cfg.WorkloadWindow/10)),
 		in:         make(chan *job, cfg.BatchSize),
 		kick:       make(chan struct{}, 1),
+		changed:    make(chan string, 64),
 		publishing: make(chan struct{}, maxPublishing),
 		source:     "scheduler",
 		metrics:    d.Metrics,
@@ -136,6 +140,7 @@ func (s *Scheduler) Router() *bus.Router {
 	bus.On(r, s.onCancel)
 	bus.On(r, s.onStopped)
 	bus.On(r, s.onMigrating)
+	bus.On(r, s.onHealth)
 	return r
 }
 
@@ -311,6 +316,54 @@ func (s *Scheduler) onStopped(ctx context.Context, ev *shizuv1.RentalStopped, _ 
 	return nil
 }
 
+// onHealth records a GPU's reported health in the capacity store, so that
+// every replica stops placing on a degraded or failed GPU (the store's
+// reserve refuses it too) and places on it again once it is reported
+// healthy. A failed node as a whole (gpu_index -1) is failover's: it
+// fences the node. Reports about an older registration change nothing.
+func (s *Scheduler) onHealth(ctx context.Context, ev *shizuv1.NodeHealthChanged, _ bus.Delivery) error {
+	if ev.GetGpuIndex() < 0 {
+		return nil
+	}
+	var h capacity.GPUHealth
+	switch ev.GetHealth() {
+	case shizuv1.Health_HEALTH_HEALTHY:
+		h = capacity.HealthHealthy
+	case shizuv1.Health_HEALTH_DEGRADED:
+		h = capacity.HealthDegraded
+	case shizuv1.Health_HEALTH_FAILED:
+		h = capacity.HealthFailed
+	default:
+		return fault.Invalid("NodeHealthChanged: health %v", ev.GetHealth())
+	}
+	if ev.GetEpoch() < 1 {
+		return fault.Invalid("NodeHealthChanged: epoch %d", ev.GetEpoch())
+	}
+	changed, err := s.d.Store.SetGPUHealth(ctx, ev.GetNodeId(), uint64(ev.GetEpoch()), int(ev.GetGpuIndex()), h)
+	switch {
+	case capacity.IsNotFound(err), capacity.IsFenced(err):
+		return nil // gone, or about an older registration
+	case capacity.IsInvalid(err):
+		return fault.Invalid("%v", err)
+	case err != nil:
+		return err
+	}
+	if changed {
+		s.d.Log.InfoContext(ctx, "GPU health changed", "node", ev.GetNodeId(), "gpu", ev.GetGpuIndex(), "health", string(h))
+	}
+	select {
+	case s.changed <- ev.GetNodeId():
+	default: // the loop is busy; the store refuses the GPU meanwhile
+	}
+	if h == capacity.HealthHealthy && changed {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
 // maxPublishing is how many rounds may await their acks at once.
 const maxPublishing = 4
 
@@ -336,6 +389,10 @@ func (s *Scheduler) Run(ctx context.Context) {
 				}
 			}
 			s.round(ctx, batch)
+		case id := <-s.changed:
+			if err := s.refreshNode(ctx, id); err != nil {
+				s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
+			}
 		case <-tick.C:
 			s.retryPending(ctx, false)
 		case <-s.kick:
@@ -502,7 +559,11 @@ func (s *Scheduler) round(ctx context.Context, batch []*job) {
 	var placed, noFit []*job
 	refreshed := false
 	for pass := 0; pass < maxPasses && len(todo) > 0; pass++ {
+		// Each chunk of commitChunk placements is reserved while the next
+		// chunk is being placed.
 		var commit []*job
+		cm := s.startCommit(ctx)
+		chunk := 0
 		for _, j := range todo {
 			p, err := s.placer.Place(&s.cluster, &j.r)
 			switch {
@@ -512,6 +573,10 @@ func (s *Scheduler) round(ctx context.Context, batch []*job) {
 				s.cluster.Nodes[k].Apply(&j.r, p, start)
 				s.meter.Update(&s.cluster, k)
 				commit = append(commit, j)
+				if len(commit)-chunk == commitChunk {
+					cm.send(commit[chunk:])
+					chunk = len(commit)
+				}
 			case errors.Is(err, placement.ErrNoFit):
 				j.noFit = true
 				noFit = append(noFit, j)
@@ -521,7 +586,8 @@ func (s *Scheduler) round(ctx context.Context, batch []*job) {
 			}
 		}
 		todo = nil
-		s.commit(ctx, commit)
+		cm.send(commit[chunk:])
+		cm.wait()
 		for _, j := range commit {
 			switch {
 			case j.err == nil:
@@ -575,26 +641,57 @@ func (s *Scheduler) order(batch []*job, now time.Time) {
 	}
 }
 
-// commit reserves every placed job in the store, CommitWorkers at a time.
-func (s *Scheduler) commit(ctx context.Context, jobs []*job) {
-	if len(jobs) == 0 {
+// commitChunk is how many reserves one pipeline carries.
+const commitChunk = 64
+
+// committer reserves chunks of placed jobs in the store while the loop
+// places the next ones: each chunk is one capacity.Store.ReserveMany
+// pipeline (its reserves run in round order), up to CommitWorkers
+// pipelines at once. The loop must not touch a sent job's alloc, err or
+// tries until wait returns.
+type committer struct {
+	s       *Scheduler
+	ctx     context.Context
+	chunks  chan []*job
+	workers int
+	wg      sync.WaitGroup
+}
+
+func (s *Scheduler) startCommit(ctx context.Context) *committer {
+	return &committer{s: s, ctx: ctx, chunks: make(chan []*job, s.cfg.BatchSize/commitChunk+1)}
+}
+
+// send queues a chunk, starting a worker while fewer than CommitWorkers
+// run.
+func (c *committer) send(chunk []*job) {
+	if len(chunk) == 0 {
 		return
 	}
-	var wg sync.WaitGroup
-	next := make(chan *job)
-	for range min(s.cfg.CommitWorkers, len(jobs)) {
-		wg.Go(func() {
-			for j := range next {
-				j.tries++
-				j.alloc, j.err = s.d.Store.Reserve(ctx, placementOf(&j.r, j.placed))
-			}
-		})
+	if c.workers < c.s.cfg.CommitWorkers {
+		c.workers++
+		c.wg.Go(c.work)
 	}
-	for _, j := range jobs {
-		next <- j
+	c.chunks <- chunk
+}
+
+func (c *committer) work() {
+	ps := make([]capacity.Placement, 0, commitChunk)
+	for chunk := range c.chunks {
+		ps = ps[:0]
+		for _, j := range chunk {
+			j.tries++
+			ps = append(ps, placementOf(&j.r, j.placed))
+		}
+		for i, r := range c.s.d.Store.ReserveMany(c.ctx, ps) {
+			chunk[i].alloc, chunk[i].err = r.Allocation, r.Err
+		}
 	}
-	close(next)
-	wg.Wait()
+}
+
+// wait returns once every sent chunk is reserved (or refused).
+func (c *committer) wait() {
+	close(c.chunks)
+	c.wg.Wait()
 }
 
 // finishRound records outcomes and publishes them.

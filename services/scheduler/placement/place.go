@@ -198,23 +198,30 @@ func (p *Placer) shapeOf(r *Request) shape {
 
 // usable reports whether GPU g can take one GPU of shape s, and the share.
 func usable(g *GPU, s *shape) (Share, bool) {
-	if g.Sharers >= g.EffectiveMaxSharers() {
+	if g.Unhealthy || g.Sharers >= g.EffectiveMaxSharers() {
 		return Share{}, false
 	}
 	switch {
 	case s.isMIG:
-		if !g.MIGCapable || (g.Sharers > 0 && g.MIGSlices == 0) || g.MIGSlices+s.mig.Slices > MIGSlicesPerGPU ||
-			g.FreeMilli < s.milli || g.FreeVRAMMiB < s.vram {
+		// Only a GPU in MIG mode, on a free instance of exactly this
+		// profile: the node agent runs a rental on an instance that
+		// exists, it does not create one.
+		if !g.MIGEnabled || g.FreeMilli < s.milli || g.FreeVRAMMiB < s.vram {
 			return Share{}, false
 		}
-		return Share{Index: g.Index, Milli: s.milli, VRAMMiB: s.vram, MIGProfile: s.mig.Name}, true
+		for k := range g.MIGInstances {
+			if m := &g.MIGInstances[k]; m.Holder == "" && m.Profile == s.mig.Name {
+				return Share{Index: g.Index, Milli: s.milli, VRAMMiB: s.vram, MIGProfile: s.mig.Name, MIGInstance: m.UUID}, true
+			}
+		}
+		return Share{}, false
 	case s.whole:
-		if !g.Whole() || s.vram > g.VRAMMiB {
+		if g.MIGEnabled || !g.Whole() || s.vram > g.VRAMMiB {
 			return Share{}, false
 		}
 		return Share{Index: g.Index, Milli: MilliPerGPU, VRAMMiB: g.VRAMMiB}, true
 	default:
-		if g.MIGSlices > 0 || g.FreeMilli < s.milli || g.FreeVRAMMiB < s.vram {
+		if g.MIGEnabled || g.MIGSlices > 0 || g.FreeMilli < s.milli || g.FreeVRAMMiB < s.vram {
 			return Share{}, false
 		}
 		return Share{Index: g.Index, Milli: s.milli, VRAMMiB: s.vram}, true

@@ -2,8 +2,10 @@ package placement_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 )
@@ -33,6 +35,10 @@ func TestEachFilterTurnsAwayTheNodeItChecks(t *testing.T) {
 			}
 		}), req("r", fraction(100, 1024)), placement.ReasonGPUs},
 		{"a whole GPU skips a shared GPU", with(node("n", 1), func(n *placement.Node) { use(n, 0, 100, 1024) }), req("r"), placement.ReasonGPUs},
+		{"a whole GPU skips an unhealthy GPU", with(node("n", 1), func(n *placement.Node) { n.GPUs[0].Unhealthy = true }), req("r"), placement.ReasonGPUs},
+		{"a fraction skips an unhealthy GPU", with(node("n", 1), func(n *placement.Node) { n.GPUs[0].Unhealthy = true }), req("r", fraction(100, 1024)), placement.ReasonGPUs},
+		{"an NVLink pair skips a domain with an unhealthy GPU", with(node("n", 2), func(n *placement.Node) { n.GPUs[1].Unhealthy = true }),
+			req("r", gpus(2), func(r *placement.Request) { r.NVLink = true }), placement.ReasonGPUs},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -170,43 +176,81 @@ func TestMultiGPUWithoutNVLinkTakesTheFewestPCIeHops(t *testing.T) {
 	}
 }
 
-func TestMIGProfilesPackIntoMIGGPUsAndNeverMixWithTimeSharing(t *testing.T) {
+// migMode puts GPU i of n in MIG mode with instances of the given profiles,
+// named MIG-<node>-<i>-<k>.
+func migMode(n *placement.Node, i int, profiles ...string) {
+	n.GPUs[i].MIGEnabled = true
+	for k, p := range profiles {
+		n.GPUs[i].MIGInstances = append(n.GPUs[i].MIGInstances, placement.MIGInstance{UUID: fmt.Sprintf("MIG-%s-%d-%d", n.ID, i, k), Profile: p})
+	}
+	n.GPUs[i].MaxSharers = max(1, len(profiles))
+}
+
+func TestMIGRentalsLandOnFreeInstancesOfTheirProfileOnly(t *testing.T) {
 	t.Parallel()
 	mig := func(profile string) func(*placement.Request) {
 		return func(r *placement.Request) { r.MIGProfile = profile }
 	}
-	n := node("n", 2)
-	c := &placement.Cluster{Nodes: []placement.Node{n}}
-	pl := placer(t, placement.PolicyBestFit)
-	// Three 2g.20gb slices: all on GPU 0 (6 of 7 slices), packed.
-	for i, id := range []string{"a", "b", "c"} {
-		r := req(id, mig("2g.20gb"))
-		p, err := pl.Place(c, &r)
-		if err != nil {
-			t.Fatalf("slice %d: %v", i, err)
+	// GPU 0 is partitioned 3g.40gb + 2 × 2g.20gb, GPU 1 7 × 1g.10gb, GPU 2
+	// is MIG-capable but not in MIG mode, GPU 3 is in MIG mode without
+	// instances.
+	n := node("n", 4)
+	migMode(&n, 0, "3g.40gb", "2g.20gb", "2g.20gb")
+	migMode(&n, 1, "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb")
+	migMode(&n, 3)
+	for _, pol := range placement.Policies {
+		c := &placement.Cluster{Nodes: []placement.Node{n.Clone()}}
+		pl := placer(t, pol)
+		held := map[string]string{}
+		place := func(id, profile string) (placement.Placement, error) {
+			r := req(id, mig(profile))
+			p, err := pl.Place(c, &r)
+			if err == nil {
+				c.Nodes[0].Apply(&r, p, t0)
+			}
+			return p, err
 		}
-		if p.GPUs[0].Index != 0 || p.GPUs[0].MIGProfile != "2g.20gb" || p.GPUs[0].VRAMMiB != 20*1024 {
-			t.Fatalf("slice %d: want 2g.20gb on GPU 0, got %+v", i, p.GPUs)
+		// Both 2g.20gb instances of GPU 0, then no third.
+		for _, id := range []string{"a", "b"} {
+			p, err := place(id, "2g.20gb")
+			if err != nil {
+				t.Fatalf("%s: %s: %v", pol, id, err)
+			}
+			sh := p.GPUs[0]
+			if sh.Index != 0 || sh.MIGProfile != "2g.20gb" || sh.MIGInstance == "" || held[sh.MIGInstance] != "" {
+				t.Fatalf("%s: %s: want a free 2g.20gb instance of GPU 0, got %+v (held %v)", pol, id, sh, held)
+			}
+			held[sh.MIGInstance] = id
 		}
-		c.Nodes[0].Apply(&r, p, t0)
-	}
-	// A 3g.40gb no longer fits GPU 0 (6 + 3 > 7 slices): GPU 1.
-	r := req("d", mig("3g.40gb"))
-	p, err := pl.Place(c, &r)
-	if err != nil || p.GPUs[0].Index != 1 {
-		t.Fatalf("want 3g.40gb on GPU 1, got %+v %v", p, err)
-	}
-	c.Nodes[0].Apply(&r, p, t0)
-	// Now every GPU is in MIG mode: a time-shared fraction fits nowhere.
-	f := req("e", fraction(100, 1024))
-	if _, err := pl.Place(c, &f); !errors.Is(err, placement.ErrNoFit) {
-		t.Fatalf("a fraction must not share a MIG GPU, got %v", err)
-	}
-	// And a GPU that is not MIG-capable takes no MIG rental.
-	plain := with(node("p", 1), func(n *placement.Node) { n.GPUs[0].MIGCapable = false })
-	m := req("m", mig("1g.10gb"))
-	if _, err := pl.Place(&placement.Cluster{Nodes: []placement.Node{plain}}, &m); !errors.Is(err, placement.ErrNoFit) {
-		t.Fatalf("want no fit on a GPU without MIG, got %v", err)
+		if _, err := place("c", "2g.20gb"); !errors.Is(err, placement.ErrNoFit) {
+			t.Fatalf("%s: a third 2g.20gb must find no instance, got %v", pol, err)
+		}
+		// A 4g.40gb exists nowhere, though slices would allow it on GPU 2.
+		if _, err := place("d", "4g.40gb"); !errors.Is(err, placement.ErrNoFit) {
+			t.Fatalf("%s: a profile no GPU is partitioned into must not fit, got %v", pol, err)
+		}
+		// Seven 1g.10gb rentals take GPU 1's seven instances, one each.
+		for k := range 7 {
+			p, err := place(fmt.Sprintf("s%d", k), "1g.10gb")
+			if err != nil || p.GPUs[0].Index != 1 || held[p.GPUs[0].MIGInstance] != "" {
+				t.Fatalf("%s: 1g.10gb #%d: %+v %v", pol, k, p, err)
+			}
+			held[p.GPUs[0].MIGInstance] = p.NodeID
+		}
+		// A fraction and a whole GPU land only on GPU 2, not in MIG mode.
+		for _, r := range []placement.Request{req("f", fraction(100, 1024)), req("w")} {
+			p, err := pl.Place(c, &r)
+			if err != nil || p.GPUs[0].Index != 2 {
+				t.Fatalf("%s: %s must land on GPU 2, got %+v %v", pol, r.ID, p, err)
+			}
+		}
+		// Releasing a rental frees its instance for the next one.
+		if !c.Nodes[0].Remove("a") {
+			t.Fatal("remove a")
+		}
+		if p, err := place("e", "2g.20gb"); err != nil || p.GPUs[0].MIGInstance == "" {
+			t.Fatalf("%s: after a release the instance is free again: %+v %v", pol, p, err)
+		}
 	}
 }
 
@@ -308,6 +352,33 @@ func TestCPUOnlyTasksTakeHostCPUAndNoGPU(t *testing.T) {
 		again.ID = "cpu2"
 		if _, err := placer(t, pol).Place(c, &again); !errors.Is(err, placement.ErrNoFit) {
 			t.Fatalf("%s: a second 2-core task must not fit in 1 free core, got %v", pol, err)
+		}
+	}
+}
+
+// Every policy keeps off an unhealthy GPU and places on the node's healthy
+// ones.
+func TestNoPolicyPlacesOnAnUnhealthyGPU(t *testing.T) {
+	t.Parallel()
+	for _, pol := range placement.Policies {
+		n := node("n", 4)
+		n.GPUs[0].Unhealthy, n.GPUs[2].Unhealthy = true, true
+		c := &placement.Cluster{Nodes: []placement.Node{n}}
+		pl := placer(t, pol)
+		for i, r := range []placement.Request{req("a", fraction(250, 1024)), req("b"), req("c", fraction(500, 1024)), req("d", gpus(1))} {
+			p, err := pl.Place(c, &r)
+			if err != nil {
+				if i == 0 {
+					t.Fatalf("%s: %s: %v", pol, r.ID, err)
+				}
+				continue
+			}
+			for _, sh := range p.GPUs {
+				if sh.Index == 0 || sh.Index == 2 {
+					t.Fatalf("%s: %s placed on unhealthy GPU %d", pol, r.ID, sh.Index)
+				}
+			}
+			c.Nodes[0].Apply(&r, p, time.Time{})
 		}
 	}
 }

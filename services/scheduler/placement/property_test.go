@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -25,6 +26,13 @@ func TestNoPlacementEverExceedsAGPU(t *testing.T) {
 			for g := range n.GPUs {
 				n.GPUs[g].NVLinkDomain = g / 4
 				n.GPUs[g].MaxSharers = rapid.IntRange(0, 6).Draw(t, "cap")
+				if rapid.IntRange(0, 3).Draw(t, "mig mode") == 0 {
+					n.GPUs[g].MIGEnabled = true
+					for k, p := range rapid.SliceOfN(rapid.SampledFrom([]string{"1g.10gb", "2g.20gb", "3g.40gb"}), 0, 7).Draw(t, "instances") {
+						n.GPUs[g].MIGInstances = append(n.GPUs[g].MIGInstances, placement.MIGInstance{UUID: fmt.Sprintf("MIG-%d-%d-%d", i, g, k), Profile: p})
+					}
+					n.GPUs[g].MaxSharers = max(1, len(n.GPUs[g].MIGInstances))
+				}
 			}
 			nodes = append(nodes, n)
 		}
@@ -105,6 +113,25 @@ func check(t *rapid.T, n *placement.Node) {
 		}
 		if g.MIGSlices > placement.MIGSlicesPerGPU {
 			t.Fatalf("GPU %d of %s: %d MIG slices", i, n.ID, g.MIGSlices)
+		}
+	}
+	// MIG rentals only on GPUs in MIG mode, each on its own instance of its
+	// profile; nothing else on a GPU in MIG mode.
+	holders := map[string]string{}
+	for _, a := range n.Allocations {
+		for _, s := range a.GPUs {
+			g := n.GPUs[s.Index]
+			if (s.MIGProfile != "") != g.MIGEnabled {
+				t.Fatalf("rental %s: share %+v on GPU %d, MIG mode %v", a.RentalID, s, s.Index, g.MIGEnabled)
+			}
+			if s.MIGProfile == "" {
+				continue
+			}
+			k := slices.IndexFunc(g.MIGInstances, func(m placement.MIGInstance) bool { return m.UUID == s.MIGInstance })
+			if k < 0 || g.MIGInstances[k].Profile != s.MIGProfile || g.MIGInstances[k].Holder != a.RentalID || holders[s.MIGInstance] != "" {
+				t.Fatalf("rental %s: instance %q of GPU %d (%+v), held by %q", a.RentalID, s.MIGInstance, s.Index, g.MIGInstances, holders[s.MIGInstance])
+			}
+			holders[s.MIGInstance] = a.RentalID
 		}
 	}
 }

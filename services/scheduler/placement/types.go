@@ -90,6 +90,14 @@ type GPU struct {
 	VRAMMiB    int64
 	Index      int
 	MIGCapable bool
+	// Unhealthy: the GPU was reported degraded or failed; it takes no new
+	// rental.
+	Unhealthy bool
+	// MIGEnabled: the GPU is in MIG mode. It takes only MIG rentals, each
+	// on a free instance of its profile in MIGInstances, and nothing
+	// time-shared or whole.
+	MIGEnabled   bool
+	MIGInstances []MIGInstance
 	// NVLinkDomain is the index of the GPU's NVLink domain on its node, -1
 	// for none.
 	NVLinkDomain int
@@ -128,12 +136,22 @@ type Allocation struct {
 	Since time.Time
 }
 
-// Share is the part of one GPU a placement takes.
+// MIGInstance is one configured MIG instance of a GPU in MIG mode.
+type MIGInstance struct {
+	UUID    string
+	Profile string
+	// Holder is the rental on the instance; empty when it is free.
+	Holder string
+}
+
+// Share is the part of one GPU a placement takes. A MIG share names the
+// instance (MIGInstance, its UUID) it runs on.
 type Share struct {
-	Index      int
-	Milli      int64
-	VRAMMiB    int64
-	MIGProfile string
+	Index       int
+	Milli       int64
+	VRAMMiB     int64
+	MIGProfile  string
+	MIGInstance string
 }
 
 // Request is one rental to place, in the scheduler's own terms.
@@ -179,6 +197,11 @@ type Placement struct {
 func (n *Node) Clone() Node {
 	c := *n
 	c.GPUs = slices.Clone(n.GPUs)
+	for i := range c.GPUs {
+		if c.GPUs[i].MIGInstances != nil {
+			c.GPUs[i].MIGInstances = slices.Clone(c.GPUs[i].MIGInstances)
+		}
+	}
 	c.Allocations = slices.Clone(n.Allocations)
 	return c
 }
@@ -197,6 +220,7 @@ func (n *Node) Apply(r *Request, p Placement, now time.Time) {
 			if prof, ok := ParseMIGProfile(s.MIGProfile); ok {
 				g.MIGSlices += prof.Slices
 			}
+			g.holdMIG(s.MIGInstance, r.ID)
 		}
 	}
 	n.Allocations = append(n.Allocations, Allocation{
@@ -224,10 +248,21 @@ func (n *Node) Remove(rentalID string) bool {
 			if prof, ok := ParseMIGProfile(s.MIGProfile); ok {
 				g.MIGSlices -= prof.Slices
 			}
+			g.holdMIG(s.MIGInstance, "")
 		}
 	}
 	n.Allocations = slices.Delete(n.Allocations, i, i+1)
 	return true
+}
+
+// holdMIG records rental (empty: nobody) as the holder of instance uuid.
+func (g *GPU) holdMIG(uuid, rental string) {
+	for k := range g.MIGInstances {
+		if g.MIGInstances[k].UUID == uuid {
+			g.MIGInstances[k].Holder = rental
+			return
+		}
+	}
 }
 
 // freeMilli is R_n: the node's idle milli-GPU.
