@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io"
 	"maps"
 	"os"
@@ -217,7 +218,7 @@ func (p *Process) watchChild(pr *proc, cmd *exec.Cmd, rec record) {
 	stopped := p.now()
 	x := Exit{Workload: pr.w, StoppedAt: stopped, ExitCode: cmd.ProcessState.ExitCode()}
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		x.ExitCode, x.Detail = -1, "killed by "+ws.Signal().String()
+		x.ExitCode, x.Detail = -1, "killed by "+signalName(ws.Signal())
 	} else if err != nil && x.ExitCode == 0 {
 		x.ExitCode = -1
 	}
@@ -397,3 +398,12 @@ func lastLine(path string) string {
 }
 
 var _ Runtime = (*Process)(nil)
+
+// signalName is the signal's constant name ("SIGTERM"), which operators
+// search for, rather than its description ("terminated").
+func signalName(sig syscall.Signal) string {
+	if name := unix.SignalName(sig); name != "" {
+		return name
+	}
+	return sig.String()
+}

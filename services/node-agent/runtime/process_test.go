@@ -86,7 +86,7 @@ func TestAWorkloadRunsWithItsGPUsInTheEnvironmentAndNothingOfTheAgents(t *testin
 		t.Fatal(err)
 	}
 	x := nextExit(t, p)
-	if x.Workload.Spec.RentalID != "r1" || x.ExitCode != -1 || !strings.Contains(x.Detail, "terminated") {
+	if x.Workload.Spec.RentalID != "r1" || x.ExitCode != -1 || !strings.Contains(x.Detail, "killed by SIGTERM") {
 		t.Fatalf("exit = %+v", x)
 	}
 	if x.StoppedAt.Before(x.Workload.StartedAt) {
