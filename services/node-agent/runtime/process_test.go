@@ -159,7 +159,7 @@ func TestANewRuntimeAdoptsRunningWorkloadsAndReportsThoseThatEnded(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	short, err := first.Start(t.Context(), spec("short", "sh", "-c", "read x"))
+	short, err := first.Start(t.Context(), spec("short", "sleep", "30")) // runs until the test kills it
 	if err != nil {
 		t.Fatal(err)
 	}
