@@ -97,8 +97,15 @@ func (d *devProcess) json(v any, args ...string) {
 
 func startDev(t *testing.T, args ...string) *devProcess {
 	t.Helper()
+	return startDevWithEnv(t, nil, args...)
+}
+
+// startDevWithEnv starts `shizu dev` with env (nil: this process's).
+func startDevWithEnv(t *testing.T, env []string, args ...string) *devProcess {
+	t.Helper()
 	d := &devProcess{t: t, bin: buildShizu(t), stderr: &bytes.Buffer{}, lines: make(chan string, 1000), exited: make(chan error, 1)}
 	d.cmd = exec.Command(d.bin, append([]string{"dev", "-nats-port", "0", "-nats-monitor-port", "0", "-redis-port", "0"}, args...)...)
+	d.cmd.Env = env
 	stdout, err := d.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
