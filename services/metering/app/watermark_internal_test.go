@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/testkit"
+	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
 // The consumed time of a durable is the server's time when it has nothing
@@ -125,4 +127,65 @@ func TestTheWatermarkIsTheEarliestDurableAndOnlyMovesForward(t *testing.T) {
 	if !w.time().Equal(before) {
 		t.Fatalf("a failed lookup moved the watermark from %s to %s", before, w.time())
 	}
+}
+
+// BenchmarkWatermarkRefresh measures what the closer pays each tick to read
+// the watermark of metering's rental and spot durables (a consumer info and
+// one message lookup per filter subject each) with 20,000 rental events
+// unhandled, next to one consumer info request (one round trip) in the
+// same run.
+//
+//	go test -run '^$' -bench WatermarkRefresh ./services/metering/app/
+func BenchmarkWatermarkRefresh(b *testing.B) {
+	ctx := context.Background()
+	n := testkit.StartNATS(b)
+	conn, err := bus.Connect(ctx, bus.Config{URL: n.URL, Name: "bench"}, bus.Instruments{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if err := conn.EnsureStreams(ctx, topology.Streams(1)...); err != nil {
+		b.Fatal(err)
+	}
+	svc, _ := topology.ServiceNamed(topology.Metering)
+	var w watermark
+	for _, c := range svc.Consumers {
+		if _, err := conn.EnsureConsumer(ctx, c); err != nil {
+			b.Fatal(err)
+		}
+		if c.Stream == topology.StreamRentals || c.Stream == topology.StreamMarket {
+			w.of = append(w.of, newConsumedTime(conn.JetStream(), c))
+		}
+	}
+	js := conn.JetStream()
+	for i := range 20_000 {
+		subj := []string{"rental.t0.scheduled", "rental.t0.started", "rental.t0.stopped", "rental.t0.requested"}[i%4]
+		if _, err := js.PublishAsync(subj, []byte("x")); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-js.PublishAsyncComplete()
+	cons, err := js.Consumer(ctx, topology.StreamRentals, "metering")
+	if err != nil {
+		b.Fatal(err)
+	}
+	const infos = 200
+	start := time.Now()
+	for range infos {
+		if _, err := cons.Info(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	perInfo := time.Since(start) / infos
+	b.ResetTimer()
+	for range b.N {
+		if err := w.refresh(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	perRefresh := b.Elapsed() / time.Duration(b.N)
+	b.ReportMetric(float64(perRefresh.Microseconds()), "µs/refresh")
+	b.ReportMetric(float64(perInfo.Microseconds()), "µs/consumer-info")
+	b.ReportMetric(float64(perRefresh)/float64(perInfo), "refresh/info")
 }
