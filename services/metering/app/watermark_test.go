@@ -51,7 +51,7 @@ func backlogRentals(n int, end time.Time) ([]rental, []event, []event) {
 // one at a time, so every start is handled long before its stop.
 func TestTheCloserNeverBillsPastAStopStillInTheBacklog(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnvWithUsers(t) // metering reads its watermark as its own user
 	cfg := testConfig()
 	cfg.Batch, cfg.Concurrency = 1, 1
 	// Stamped before the publish, as an agent stamps a stop (and failover
@@ -101,7 +101,7 @@ func TestTheCloserNeverBillsPastAStopStillInTheBacklog(t *testing.T) {
 // events stored earlier are unhandled.
 func TestARentalStillRunningIsBilledOnceTheBacklogIsHandled(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnvWithUsers(t) // metering reads its watermark as its own user
 	cfg := testConfig()
 	start := time.Now().UTC().Add(-5 * time.Minute)
 	running := rental{id: "still", tenant: "t1", model: "H100-SXM5-80GB", zone: "eu-1", plan: shizuv1.Plan_PLAN_ON_DEMAND,
