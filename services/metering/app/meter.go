@@ -42,6 +42,9 @@ type Meter struct {
 	opts     bus.ConsumeOptions
 	batch    int
 	metrics  *metrics
+	// consumed bounds how far running rentals are billed: no later than
+	// every rental and spot price event stored has been handled.
+	consumed watermark
 }
 
 // Deps are what a Meter runs on.
@@ -80,6 +83,13 @@ func NewMeter(cfg Config, d Deps) (*Meter, error) {
 // in reverse order. Rental events and usage records are handled in batches
 // (see onRentals and onUsage); spot prices one by one.
 func (m *Meter) Start(ctx context.Context, consumers []bus.Consumer, tick time.Duration) ([]Part, error) {
+	// The watermark follows the durables whose events end or reprice a
+	// running rental; set before any handler runs.
+	for _, c := range consumers {
+		if c.Stream == topology.StreamRentals || c.Stream == topology.StreamMarket {
+			m.consumed.of = append(m.consumed.of, newConsumedTime(m.conn.JetStream(), c))
+		}
+	}
 	var parts []Part
 	batch := bus.BatchOptions{MaxBatch: m.batch, Concurrency: m.opts.Concurrency, FastAck: m.opts.FastAck}
 	for _, c := range consumers {
@@ -499,8 +509,9 @@ func (m *Meter) closeStates(ctx context.Context, states []ledger.SegmentState) [
 	var withRecords []int
 	advances := make([]redisstore.Advance, 0, len(states))
 	advanced := make([]int, 0, len(states))
+	until := m.cutoff().Add(-m.grace)
 	for i, st := range states {
-		recs, adv, ok, err := m.plan(ctx, st)
+		recs, adv, ok, err := m.plan(ctx, st, until)
 		if err != nil {
 			errs[i] = err
 			continue
@@ -556,9 +567,26 @@ func (m *Meter) closeStates(ctx context.Context, states []ledger.SegmentState) [
 	return errs
 }
 
+// cutoff is the latest time the meter may bill a running rental up to, plus
+// the close grace: its clock, held back to the watermark while rental or
+// spot price events stored earlier are still to be handled (a backlog
+// after a restart, a burst, a slow replica), so that a stop or a price
+// change already on the bus is never billed past.
+func (m *Meter) cutoff() time.Time {
+	now := m.now()
+	if !m.consumed.bounded() {
+		return now
+	}
+	if w := m.consumed.time(); w.Before(now) {
+		return w
+	}
+	return now
+}
+
 // plan is what closing a segment now takes: its records and the advance of
-// its cursor (ok false when the cursor stays).
-func (m *Meter) plan(ctx context.Context, st ledger.SegmentState) (recs []ledger.Record, adv redisstore.Advance, ok bool, err error) {
+// its cursor (ok false when the cursor stays). A running segment is billed
+// up to until; an ended one (stopped, or lost in a failover) to its end.
+func (m *Meter) plan(ctx context.Context, st ledger.SegmentState, until time.Time) (recs []ledger.Record, adv redisstore.Advance, ok bool, err error) {
 	ref := redisstore.SegmentRef{RentalID: st.RentalID, Attempt: st.Attempt}
 	seg, known := st.Segment()
 	if !known || st.Done || st.Finished() {
@@ -568,7 +596,6 @@ func (m *Meter) plan(ctx context.Context, st ledger.SegmentState) (recs []ledger
 	if err != nil {
 		return nil, adv, false, err
 	}
-	until := m.now().Add(-m.grace)
 	if seg.Ended() && until.Before(seg.End) {
 		until = seg.End
 	}
@@ -594,16 +621,23 @@ func nextBoundary(t time.Time, interval time.Duration) time.Time {
 	return time.Unix((t.Unix()/step+1)*step, 0).UTC()
 }
 
-// CloseDue closes every segment whose next interval boundary has passed
-// (up to 10,000 a call, in batches of the consumers' batch size), and
-// returns how many it looked at.
+// CloseDue reads the watermark, then closes every segment whose next
+// interval boundary has passed it and the clock, less the grace (up to
+// 10,000 a call, in batches of the consumers' batch size), and returns how
+// many it looked at. When the watermark cannot be read it closes up to the
+// last one read, and says why.
 func (m *Meter) CloseDue(ctx context.Context) (int, error) {
-	refs, err := m.store.Due(ctx, m.now(), 10_000)
+	var errs []error
+	if m.consumed.bounded() {
+		if err := m.consumed.refresh(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	refs, err := m.store.Due(ctx, m.cutoff(), 10_000)
 	if err != nil {
-		return 0, err
+		return 0, errors.Join(append(errs, err)...)
 	}
 	m.metrics.due.Add(ctx, int64(len(refs)))
-	var errs []error
 	for chunk := range slices.Chunk(refs, max(m.batch, 1)) {
 		for i, err := range m.closeSegments(ctx, chunk) {
 			switch {
