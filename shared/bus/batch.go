@@ -54,7 +54,7 @@ func (c *Conn) ConsumeBatch(ctx context.Context, spec Consumer, h BatchHandlerFu
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = 1
 	}
-	s := &Subscription{queue: make(chan jetstream.Msg, opts.MaxBatch)}
+	s := newSubscription(opts.MaxBatch)
 	w := &worker{c: c, spec: spec, opts: ConsumeOptions{RetryDelays: opts.RetryDelays, FastAck: opts.FastAck}}
 	hctx := context.WithoutCancel(ctx)
 	for range opts.Concurrency {
@@ -82,7 +82,7 @@ func (c *Conn) ConsumeBatch(ctx context.Context, spec Consumer, h BatchHandlerFu
 		}()
 	}
 	pull := min(max(64, 2*opts.MaxBatch*opts.Concurrency), spec.MaxAckPending)
-	cc, err := cons.Consume(func(m jetstream.Msg) { s.queue <- m },
+	cc, err := cons.Consume(s.enqueue,
 		jetstream.PullMaxMessages(pull),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			c.log.Warn("consume error", "consumer", spec.Durable, "err", err)

@@ -77,3 +77,80 @@ func TestBatchOutcomesAreAppliedPerDelivery(t *testing.T) {
 		t.Fatalf("dead-letter reason %q", got)
 	}
 }
+
+// A replica whose connection died while its workers were busy and the
+// client still held deliveries for them: draining its subscriptions
+// afterwards returns without a panic (nats.go reports the consume context
+// closed while a callback still waits to hand a message to the workers),
+// and the deliveries it never handled go to another replica.
+func TestDrainAfterTheConnectionDiedLosesNothing(t *testing.T) {
+	t.Parallel()
+	n, c := setup(t, bus.Instruments{})
+	const total = 40
+	for i := range total {
+		if _, err := c.Publish(t.Context(), requestedSubject, rentalRequested(fmt.Sprintf("d-%d", i), fmt.Sprintf("r-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := testConsumer("dying", 5)
+	spec.AckWait = time.Second
+	dying, err := bus.Connect(t.Context(), bus.Config{URL: n.URL, Name: "dying"}, bus.Instruments{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	busy := make(chan struct{}, 1)
+	subs := make([]*bus.Subscription, 0, 2)
+	for range 2 { // two subscriptions of the same dying replica
+		block := func(context.Context, []bus.Delivery) []error {
+			select {
+			case busy <- struct{}{}:
+			default:
+			}
+			<-release
+			return nil
+		}
+		sub, err := dying.ConsumeBatch(t.Context(), spec, block, bus.BatchOptions{MaxBatch: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, sub)
+	}
+	<-busy // a worker holds a delivery; the queue and the callback fill up
+	time.Sleep(100 * time.Millisecond)
+	dying.NATS().Close() // the replica's connection dies
+	close(release)
+	for _, sub := range subs {
+		if err := sub.Drain(t.Context()); err != nil {
+			t.Logf("drain of a dead connection's subscription: %v", err)
+		}
+	}
+
+	// A healthy replica gets every delivery the dead one did not ack.
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	sub, err := c.ConsumeBatch(t.Context(), spec, func(_ context.Context, ds []bus.Delivery) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, d := range ds {
+			seen[d.MsgID] = true
+		}
+		return nil
+	}, bus.BatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Drain(context.Background()) })
+	testkit.Eventually(t, 30*time.Second, func() error {
+		info := consumerInfo(t, c, "dying")
+		if info.NumPending > 0 || info.NumAckPending > 0 {
+			return fmt.Errorf("%d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != total { // the dead replica acked nothing: its handlers were blocked
+		t.Fatalf("the healthy replica handled %d of %d deliveries", len(seen), total)
+	}
+}

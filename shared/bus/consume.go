@@ -150,6 +150,31 @@ type Subscription struct {
 	queue   chan jetstream.Msg
 	workers sync.WaitGroup
 	once    sync.Once
+	// stop ends every enqueue blocked on a full queue; mu keeps the queue
+	// from being closed under a sender: nats.go may report the consume
+	// context closed (the connection died) while a callback still waits to
+	// hand over a message.
+	stop   chan struct{}
+	mu     sync.RWMutex
+	closed bool
+}
+
+func newSubscription(buffer int) *Subscription {
+	return &Subscription{queue: make(chan jetstream.Msg, buffer), stop: make(chan struct{})}
+}
+
+// enqueue hands m to the workers; once they are stopping, m is dropped
+// unacknowledged, so the server delivers it again after its ack wait.
+func (s *Subscription) enqueue(m jetstream.Msg) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return
+	}
+	select {
+	case s.queue <- m:
+	case <-s.stop:
+	}
 }
 
 // Consume ensures the durable consumer spec and starts handling its
@@ -170,7 +195,7 @@ func (c *Conn) consume(ctx context.Context, spec Consumer, router *Router, opts 
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = 1
 	}
-	s := &Subscription{queue: make(chan jetstream.Msg)}
+	s := newSubscription(0)
 	w := &worker{c: c, spec: spec, router: router, opts: opts}
 	// Handlers run detached from the caller's ctx so a shutdown lets
 	// in-flight work finish; Drain bounds the wait.
@@ -184,7 +209,7 @@ func (c *Conn) consume(ctx context.Context, spec Consumer, router *Router, opts 
 			}
 		}()
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) { s.queue <- m },
+	cc, err := cons.Consume(s.enqueue,
 		jetstream.PullMaxMessages(max(64, 4*opts.Concurrency)),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			c.log.Warn("consume error", "consumer", spec.Durable, "err", err)
@@ -208,7 +233,13 @@ func (c *Conn) consume(ctx context.Context, spec Consumer, router *Router, opts 
 }
 
 func (s *Subscription) stopWorkers() {
-	s.once.Do(func() { close(s.queue) })
+	s.once.Do(func() {
+		close(s.stop) // a blocked enqueue lets go of the read lock
+		s.mu.Lock()
+		s.closed = true
+		close(s.queue)
+		s.mu.Unlock()
+	})
 	s.workers.Wait()
 }
 
