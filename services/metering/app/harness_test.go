@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"fmt"
+	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -38,6 +39,8 @@ type env struct {
 	users bool
 	// redisURL reaches the test's redis-server.
 	redisURL string
+	// metrics, when set, receives the replicas' instruments.
+	metrics metric.MeterProvider
 }
 
 func newEnv(t testing.TB) *env { return newEnvWith(t) }
@@ -125,7 +128,7 @@ func (e *env) startMeter(t testing.TB, cfg app.Config, now func() time.Time) *re
 func (e *env) startMeterTicking(t testing.TB, cfg app.Config, now func() time.Time, tick time.Duration) *replica {
 	t.Helper()
 	conn := connectAs(t, e.nats.URL, topology.Metering, e.users)
-	m, err := app.NewMeter(cfg, app.Deps{Store: redisstore.New(e.rdb, cfg.KeyPrefix), Conn: conn, Log: quietLog(), Now: now})
+	m, err := app.NewMeter(cfg, app.Deps{Store: redisstore.New(e.rdb, cfg.KeyPrefix), Conn: conn, Log: quietLog(), Now: now, Meter: e.metrics})
 	if err != nil {
 		t.Fatalf("new meter: %v", err)
 	}

@@ -632,6 +632,9 @@ func (m *Meter) CloseDue(ctx context.Context) (int, error) {
 		if err := m.consumed.refresh(ctx); err != nil {
 			errs = append(errs, err)
 		}
+		if at := m.consumed.time(); !at.IsZero() {
+			m.metrics.lag.Record(ctx, max(m.now().Sub(at), 0).Seconds())
+		}
 	}
 	refs, err := m.store.Due(ctx, m.cutoff(), 10_000)
 	if err != nil {

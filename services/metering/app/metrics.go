@@ -21,6 +21,7 @@ const (
 	metricDuplicate = "shizu.metering.records_duplicate"
 	metricBudget    = "shizu.metering.budget_crossings"
 	metricDue       = "shizu.metering.segments_closed_by_timer"
+	metricLag       = "shizu.metering.watermark_lag"
 )
 
 // metrics are metering's instruments.
@@ -31,6 +32,7 @@ type metrics struct {
 	duplicates metric.Int64Counter
 	budget     metric.Int64Counter
 	due        metric.Int64Counter
+	lag        metric.Float64Gauge
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
@@ -39,7 +41,7 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	}
 	m := mp.Meter(meterName)
 	var x metrics
-	var errs [6]error
+	var errs [7]error
 	x.records, errs[0] = m.Int64Counter(metricRecords, metric.WithDescription("Usage records published (by plan)."))
 	x.amount, errs[1] = m.Int64Counter(metricAmount, metric.WithUnit("{micro-unit}"),
 		metric.WithDescription("Sum of the amounts of usage records published (by plan and currency)."))
@@ -47,6 +49,8 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	x.duplicates, errs[3] = m.Int64Counter(metricDuplicate, metric.WithDescription("Usage records seen again and not counted."))
 	x.budget, errs[4] = m.Int64Counter(metricBudget, metric.WithDescription("Budget thresholds crossed."))
 	x.due, errs[5] = m.Int64Counter(metricDue, metric.WithDescription("Running segments looked at by the interval closer."))
+	x.lag, errs[6] = m.Float64Gauge(metricLag, metric.WithUnit("s"),
+		metric.WithDescription("How far the watermark (every rental and spot price event handled before it) trails the clock: running rentals are billed no later than it, so a growing lag is a metering backlog."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/testkit"
@@ -134,4 +136,55 @@ func (e *env) consumerInfo(stream, durable string) (*jetstream.ConsumerInfo, err
 		return nil, err
 	}
 	return cons.Info(context.Background())
+}
+
+// The watermark's lag is exported, so operators see a metering backlog:
+// with the meter's clock two hours ahead of the server's, the lag it
+// records once it has handled everything is those two hours.
+func TestTheWatermarkLagIsExported(t *testing.T) {
+	t.Parallel()
+	e := newEnvWithUsers(t)
+	reader := sdkmetric.NewManualReader()
+	e.metrics = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	cfg := testConfig()
+	running := rental{id: "lagging", tenant: "t1", model: "H100-SXM5-80GB", zone: "eu-1", plan: shizuv1.Plan_PLAN_ON_DEMAND,
+		gpus: 1, milli: 1000, segs: []seg{{node: "node-1", start: time.Now().UTC().Add(-time.Minute)}}}
+	e.publish(t, running.events())
+	ahead := 2 * time.Hour
+	r := e.startMeter(t, cfg, func() time.Time { return time.Now().Add(ahead) })
+	testkit.Eventually(t, 20*time.Second, func() error {
+		info, err := e.consumerInfo(topology.StreamRentals, "metering")
+		if err != nil {
+			return err
+		}
+		if n := info.NumPending + uint64(info.NumAckPending); n > 0 {
+			return fmt.Errorf("%d rental events to handle", n)
+		}
+		return nil
+	})
+	if _, err := r.meter.CloseDue(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "shizu.metering.watermark_lag" {
+				continue
+			}
+			g, ok := m.Data.(metricdata.Gauge[float64])
+			if !ok || len(g.DataPoints) != 1 {
+				t.Fatalf("watermark lag is %T with %+v", m.Data, m.Data)
+			}
+			// The clock is two hours ahead; the server's time is read in
+			// the same second or so.
+			if lag := time.Duration(g.DataPoints[0].Value * float64(time.Second)); lag < ahead-time.Minute || lag > ahead+time.Minute {
+				t.Fatalf("watermark lag %v, want about %v", lag, ahead)
+			}
+			return
+		}
+	}
+	t.Fatal("no shizu.metering.watermark_lag recorded")
 }
