@@ -83,7 +83,7 @@ const (
 )
 
 // Policies lists every policy.
-var Policies = []Policy{PolicyFGD, PolicyBestFit, PolicyFirstFit, PolicyRandom, PolicyDotProduct, PolicyFixed, PolicyShizu}
+var Policies = []Policy{PolicyFGD, PolicyBestFit, PolicyFirstFit, PolicyRandom, PolicyDotProduct, PolicyFixed, PolicyShizu, PolicyGPUPacking, PolicyGPUClustering}
 
 // ParsePolicy checks a policy name.
 func ParsePolicy(s string) (Policy, error) {
@@ -595,6 +595,8 @@ func (p *Placer) rank(c *Cluster, r *Request, s *shape, seed uint64) {
 			cd := &p.cands[i]
 			cd.score = ScoreDotProduct(&c.Nodes[cd.node], s.cpu, int64(s.count)*s.milli, p.opts.NormCPUMilli, p.opts.NormGPUMilli)
 		}
+	case PolicyGPUPacking, PolicyGPUClustering:
+		p.rankBaseline(c, s)
 	case PolicyFirstFit:
 		for i := range p.cands {
 			p.cands[i].score = -int64(p.cands[i].node)
