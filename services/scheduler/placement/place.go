@@ -78,7 +78,7 @@ const (
 	// PolicyFixed does not share GPUs: every request is rounded up to
 	// whole GPUs, then placed best-fit.
 	PolicyFixed Policy = "fixed"
-	// PolicyShizu is FGD that keeps whole GPUs whole (shizu.go).
+	// PolicyShizu is FGD aware of CPU and of scarce GPU models (shizu.go).
 	PolicyShizu Policy = "shizu"
 )
 
@@ -117,6 +117,7 @@ type Placer struct {
 	// scratch
 	cands []candidate
 	fgd   fgdScratch
+	shizu shizuScratch
 }
 
 // NewPlacer returns a placer; the zero Options are FGD on the default
@@ -229,6 +230,9 @@ func (p *Placer) Place(c *Cluster, r *Request) (Placement, error) {
 		return Placement{}, err
 	}
 	s := p.shapeOf(r)
+	if p.opts.Policy == PolicyShizu {
+		p.shizu.observe(c, r, p.workload(&s))
+	}
 	var seed uint64
 	if p.opts.Policy == PolicyRandom {
 		seed = hashString(r.ID)
@@ -453,10 +457,7 @@ func (p *Placer) chooseOne(n *Node, s *shape, seed uint64) ([]Share, int64, bool
 				w.prepare(n, &p.fgd)
 				prepared = true
 			}
-			sc := w.scoreAfter(n, &p.fgd, s.cpu, one[:])
-			if p.opts.Policy == PolicyShizu {
-				sc = shizuGPUScore(sc, g, s.milli)
-			}
+			sc := p.fragScore(w, n, s.cpu, one[:])
 			if sc > bestFGD {
 				best, bestShare, bestFGD = i, sh, sc
 			}
@@ -573,7 +574,7 @@ func (p *Placer) rank(c *Cluster, r *Request, s *shape, seed uint64) {
 			if cd.score < 0 { // not scored while choosing the GPU
 				n := &c.Nodes[cd.node]
 				w.prepare(n, &p.fgd)
-				cd.score = w.scoreAfter(n, &p.fgd, s.cpu, cd.shares)
+				cd.score = p.fragScore(w, n, s.cpu, cd.shares)
 			}
 		}
 	case PolicyBestFit, PolicyFixed:
