@@ -60,7 +60,7 @@ type Config struct {
 // DefaultConfig is the configuration on a developer machine.
 func DefaultConfig() Config {
 	return Config{
-		Service: service.Defaults(topology.Scheduler), Policy: string(placement.PolicyFGD),
+		Service: service.Defaults(topology.Scheduler), Policy: string(placement.PolicyShizu),
 		MaxCandidates: 64, BatchSize: 512, Concurrency: 1024, CommitWorkers: 32,
 		PendingTimeout: 10 * time.Minute, PendingRetry: 500 * time.Millisecond, PreemptionNotice: 30 * time.Second,
 		SnapshotMaxAge: 5 * time.Second, AgingStep: time.Second, WorkloadWindow: 5000,
