@@ -23,7 +23,7 @@ import (
 // Config is the scheduler's configuration.
 type Config struct {
 	Service service.Config
-	// Policy ranks nodes: fgd, shizu, bestfit, firstfit, random or dotprod
+	// Policy ranks nodes: shizu (default: FGD plus CPU-stranded GPU and scarce-model costs, see docs/replay.md), fgd, bestfit, firstfit, random, dotprod, packing or clustering
 	// (fixed is a replay baseline only: it books whole GPUs for fractions).
 	Policy string
 	// MaxCandidates bounds the feasible nodes scored per decision (0 = all);
@@ -60,7 +60,7 @@ type Config struct {
 // DefaultConfig is the configuration on a developer machine.
 func DefaultConfig() Config {
 	return Config{
-		Service: service.Defaults(topology.Scheduler), Policy: string(placement.PolicyFGD),
+		Service: service.Defaults(topology.Scheduler), Policy: string(placement.PolicyShizu),
 		MaxCandidates: 64, BatchSize: 512, Concurrency: 4096, CommitWorkers: 32,
 		PendingTimeout: 10 * time.Minute, PendingRetry: 500 * time.Millisecond, PreemptionNotice: 30 * time.Second,
 		SnapshotMaxAge: 5 * time.Second, AgingStep: time.Second, WorkloadWindow: 5000,
@@ -71,7 +71,7 @@ func DefaultConfig() Config {
 // RegisterFlags binds the scheduler's own flags (the common ones are bound by
 // service.Main). Each defaults to its SHIZU_SCHEDULER_* environment variable.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Policy, "policy", env("SHIZU_SCHEDULER_POLICY", c.Policy), "placement policy: fgd, shizu, bestfit, firstfit, random, dotprod")
+	fs.StringVar(&c.Policy, "policy", env("SHIZU_SCHEDULER_POLICY", c.Policy), "placement policy: shizu, fgd, bestfit, firstfit, random, dotprod, packing, clustering")
 	fs.IntVar(&c.MaxCandidates, "max-candidates", envInt("SHIZU_SCHEDULER_MAX_CANDIDATES", c.MaxCandidates), "feasible nodes scored per decision (0 = all)")
 	fs.IntVar(&c.BatchSize, "batch-size", envInt("SHIZU_SCHEDULER_BATCH_SIZE", c.BatchSize), "most requests placed per round")
 	fs.IntVar(&c.Concurrency, "concurrency", envInt("SHIZU_SCHEDULER_CONCURRENCY", c.Concurrency), "deliveries in flight")
@@ -110,7 +110,7 @@ func (c Config) Validate() error {
 	if p, err := placement.ParsePolicy(c.Policy); err != nil {
 		errs = append(errs, fmt.Errorf("scheduler.policy: %w", err))
 	} else if p == placement.PolicyFixed {
-		errs = append(errs, errors.New("scheduler.policy: fixed is a replay baseline (it books whole GPUs for fractions); use fgd, bestfit, firstfit, random or dotprod"))
+		errs = append(errs, errors.New("scheduler.policy: fixed is a replay baseline (it books whole GPUs for fractions); use shizu, fgd, bestfit, firstfit, random, dotprod, packing or clustering"))
 	}
 	positive := func(name string, v int) {
 		if v <= 0 {

@@ -228,6 +228,12 @@ func partsFrag(p classParts, m *TaskClass, cpu int64, model string) int64 {
 // scoreAfter is the FGD score of taking shares and cpu from a prepared
 // node.
 func (w *Workload) scoreAfter(n *Node, sc *fgdScratch, cpu int64, shares []Share) int64 {
+	return fgdScore(w.deltaAfter(n, sc, cpu, shares))
+}
+
+// deltaAfter is FGD's Δ: F_n(M) before minus after taking shares and cpu
+// from a prepared node (milli-GPU; positive when fragmentation falls).
+func (w *Workload) deltaAfter(n *Node, sc *fgdScratch, cpu int64, shares []Share) float64 {
 	var after float64
 	model := n.model()
 	for i := range w.Classes {
@@ -250,7 +256,7 @@ func (w *Workload) scoreAfter(n *Node, sc *fgdScratch, cpu int64, shares []Share
 		}
 		after += m.Weight * float64(partsFrag(p, m, n.FreeCPUMilli-cpu, model))
 	}
-	return fgdScore(sc.before - after)
+	return sc.before - after
 }
 
 // Window keeps the shapes of the most recent requests and the workload they

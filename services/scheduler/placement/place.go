@@ -78,12 +78,12 @@ const (
 	// PolicyFixed does not share GPUs: every request is rounded up to
 	// whole GPUs, then placed best-fit.
 	PolicyFixed Policy = "fixed"
-	// PolicyShizu is FGD that keeps whole GPUs whole (shizu.go).
+	// PolicyShizu is FGD aware of CPU and of scarce GPU models (shizu.go).
 	PolicyShizu Policy = "shizu"
 )
 
 // Policies lists every policy.
-var Policies = []Policy{PolicyFGD, PolicyBestFit, PolicyFirstFit, PolicyRandom, PolicyDotProduct, PolicyFixed, PolicyShizu}
+var Policies = []Policy{PolicyFGD, PolicyBestFit, PolicyFirstFit, PolicyRandom, PolicyDotProduct, PolicyFixed, PolicyShizu, PolicyGPUPacking, PolicyGPUClustering}
 
 // ParsePolicy checks a policy name.
 func ParsePolicy(s string) (Policy, error) {
@@ -117,6 +117,7 @@ type Placer struct {
 	// scratch
 	cands []candidate
 	fgd   fgdScratch
+	shizu shizuScratch
 }
 
 // NewPlacer returns a placer; the zero Options are FGD on the default
@@ -236,6 +237,9 @@ func (p *Placer) Place(c *Cluster, r *Request) (Placement, error) {
 		return Placement{}, err
 	}
 	s := p.shapeOf(r)
+	if p.opts.Policy == PolicyShizu {
+		p.shizu.observe(c, r, p.workload(&s))
+	}
 	var seed uint64
 	if p.opts.Policy == PolicyRandom {
 		seed = hashString(r.ID)
@@ -460,10 +464,7 @@ func (p *Placer) chooseOne(n *Node, s *shape, seed uint64) ([]Share, int64, bool
 				w.prepare(n, &p.fgd)
 				prepared = true
 			}
-			sc := w.scoreAfter(n, &p.fgd, s.cpu, one[:])
-			if p.opts.Policy == PolicyShizu {
-				sc = shizuGPUScore(sc, g, s.milli)
-			}
+			sc := p.fragScore(w, n, s.cpu, one[:])
 			if sc > bestFGD {
 				best, bestShare, bestFGD = i, sh, sc
 			}
@@ -580,7 +581,7 @@ func (p *Placer) rank(c *Cluster, r *Request, s *shape, seed uint64) {
 			if cd.score < 0 { // not scored while choosing the GPU
 				n := &c.Nodes[cd.node]
 				w.prepare(n, &p.fgd)
-				cd.score = w.scoreAfter(n, &p.fgd, s.cpu, cd.shares)
+				cd.score = p.fragScore(w, n, s.cpu, cd.shares)
 			}
 		}
 	case PolicyBestFit, PolicyFixed:
@@ -602,6 +603,8 @@ func (p *Placer) rank(c *Cluster, r *Request, s *shape, seed uint64) {
 			cd := &p.cands[i]
 			cd.score = ScoreDotProduct(&c.Nodes[cd.node], s.cpu, int64(s.count)*s.milli, p.opts.NormCPUMilli, p.opts.NormGPUMilli)
 		}
+	case PolicyGPUPacking, PolicyGPUClustering:
+		p.rankBaseline(c, s)
 	case PolicyFirstFit:
 		for i := range p.cands {
 			p.cands[i].score = -int64(p.cands[i].node)

@@ -21,7 +21,7 @@ func loadDefault(b *testing.B) Trace {
 	return tr
 }
 
-var benchPolicies = []placement.Policy{placement.PolicyFGD, placement.PolicyShizu, placement.PolicyBestFit, placement.PolicyDotProduct, placement.PolicyRandom, placement.PolicyFirstFit}
+var benchPolicies = []placement.Policy{placement.PolicyFGD, placement.PolicyShizu, placement.PolicyBestFit, placement.PolicyGPUPacking, placement.PolicyGPUClustering, placement.PolicyDotProduct, placement.PolicyRandom, placement.PolicyFirstFit}
 
 // BenchmarkReplayAllPolicies replays the default trace in inflation mode
 // under every policy × 10 seeds (42..51), in parallel, and reports the
