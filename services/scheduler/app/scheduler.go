@@ -47,8 +47,9 @@ type Scheduler struct {
 	// catalogue is read by handlers concurrently; never written.
 	catalogue placement.Catalogue
 	window    *placement.Window
-	in        chan *job
-	kick      chan struct{}
+	// in carries requests to the loop, a delivered batch at a time.
+	in   chan []*job
+	kick chan struct{}
 	// changed names nodes the loop should re-read before its next round
 	// (a GPU's health changed).
 	changed chan string
@@ -121,7 +122,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 		cfg: cfg, d: d, placer: pl, catalogue: catalogue,
 		rec:        records{rdb: d.Redis, prefix: cfg.KeyPrefix, ttl: cfg.OutcomeTTL},
 		window:     placement.NewWindow(cfg.WorkloadWindow, max(1, cfg.WorkloadWindow/10)),
-		in:         make(chan *job, cfg.BatchSize),
+		in:         make(chan []*job, cfg.Concurrency/cfg.BatchSize+1),
 		kick:       make(chan struct{}, 1),
 		changed:    make(chan string, 64),
 		publishing: make(chan struct{}, maxPublishing),
@@ -144,45 +145,113 @@ func (s *Scheduler) Router() *bus.Router {
 	return r
 }
 
-// onRequested takes a request: a spec that fails validation is rejected at
-// once with the reason (a request whose ids are unusable is dead-lettered);
-// anything else joins the next scheduling round, and the delivery is
-// acknowledged once its outcome is published.
+// onRequested takes a request delivered on its own (see onBatch).
 func (s *Scheduler) onRequested(ctx context.Context, d bus.Delivery) error {
+	j, err := s.admit(ctx, d)
+	if j == nil {
+		return err
+	}
+	return s.await(ctx, []*job{j})[0]
+}
+
+// admit decodes a request: a spec that fails validation is rejected at
+// once with the reason, and admit returns no job and the error that
+// decides the delivery (a request whose ids are unusable is
+// dead-lettered); anything else becomes a job for the next round.
+func (s *Scheduler) admit(ctx context.Context, d bus.Delivery) (*job, error) {
 	ev := &shizuv1.RentalRequested{}
 	if err := proto.Unmarshal(d.Data, ev); err != nil {
-		return fault.Invalid("decode RentalRequested: %v", err)
+		return nil, fault.Invalid("decode RentalRequested: %v", err)
 	}
 	if err := ev.Validate(); err != nil {
 		if !headerValid(ev) {
-			return fault.Invalid("RentalRequested: %v", err)
+			return nil, fault.Invalid("RentalRequested: %v", err)
 		}
-		return s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
+		return nil, s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
 	}
 	r := requestOf(ev)
 	if err := r.Validate(s.catalogue); err != nil {
-		return s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
+		return nil, s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
 	}
-	return s.submit(ctx, ev, r, 1)
+	return s.newJob(ev, r, 1), nil
 }
 
-// submit hands a request to the next scheduling round and waits until its
-// outcome is published.
-func (s *Scheduler) submit(ctx context.Context, ev *shizuv1.RentalRequested, r placement.Request, attempt int32) error {
+func (s *Scheduler) newJob(ev *shizuv1.RentalRequested, r placement.Request, attempt int32) *job {
 	enq := ev.GetMeta().GetOccurredAt().AsTime()
-	j := &job{ev: ev, r: r, enqueued: enq, deadline: enq.Add(s.cfg.PendingTimeout), done: make(chan error, 1),
+	return &job{ev: ev, r: r, enqueued: enq, deadline: enq.Add(s.cfg.PendingTimeout), done: make(chan error, 1),
 		received: s.d.Now(), attempt: attempt}
-	select {
-	case s.in <- j:
-	case <-ctx.Done():
-		return ctx.Err()
+}
+
+// onBatch handles a batch of deliveries of one consumer: its requests go
+// to the loop together (one round places them all, or a few rounds when
+// the loop merges batches), every other event to its handler in the
+// router, concurrently. Each delivery's outcome is its handler's error,
+// or for a request nil once its outcome is published.
+//
+// Acking a batch together keeps every guarantee of acking one by one: a
+// request is acknowledged only after its outcome is recorded (SET NX) and
+// its events are stored, and a redelivery (an ack lost in a crash) finds
+// the recorded outcome and the store's idempotent reserve, so it
+// republishes the same events under the same ids, which the stream
+// deduplicates.
+func (s *Scheduler) onBatch(router *bus.Router) bus.BatchHandlerFunc {
+	requested := bus.EventName(&shizuv1.RentalRequested{})
+	return func(ctx context.Context, ds []bus.Delivery) []error {
+		errs := make([]error, len(ds))
+		jobs := make([]*job, 0, len(ds))
+		at := make([]int, 0, len(ds))
+		var others sync.WaitGroup
+		for i, d := range ds {
+			event, h := router.Lookup(d)
+			switch {
+			case event == requested:
+				j, err := s.admit(ctx, d)
+				if j == nil {
+					errs[i] = err
+					continue
+				}
+				jobs, at = append(jobs, j), append(at, i)
+			case h != nil:
+				others.Go(func() { errs[i] = h(ctx, d) })
+			}
+		}
+		for k, err := range s.await(ctx, jobs) {
+			errs[at[k]] = err
+		}
+		others.Wait()
+		return errs
+	}
+}
+
+// await hands jobs to the loop and returns each one's outcome once it is
+// published.
+func (s *Scheduler) await(ctx context.Context, jobs []*job) []error {
+	errs := make([]error, len(jobs))
+	if len(jobs) == 0 {
+		return errs
 	}
 	select {
-	case err := <-j.done:
-		return err
+	case s.in <- jobs:
 	case <-ctx.Done():
-		return ctx.Err()
+		for i := range errs {
+			errs[i] = ctx.Err()
+		}
+		return errs
 	}
+	for i, j := range jobs {
+		select {
+		case errs[i] = <-j.done:
+		case <-ctx.Done():
+			errs[i] = ctx.Err()
+		}
+	}
+	return errs
+}
+
+// submit hands one request to the next scheduling round and waits until
+// its outcome is published.
+func (s *Scheduler) submit(ctx context.Context, ev *shizuv1.RentalRequested, r placement.Request, attempt int32) error {
+	return s.await(ctx, []*job{s.newJob(ev, r, attempt)})[0]
 }
 
 // headerValid reports whether a request's envelope and ids are usable to
@@ -377,18 +446,20 @@ func (s *Scheduler) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case j := <-s.in:
-			batch := []*job{j}
+		case jobs := <-s.in:
+			batch := append(make([]*job, 0, max(len(jobs), s.cfg.BatchSize)), jobs...)
 		fill:
 			for len(batch) < s.cfg.BatchSize {
 				select {
-				case j := <-s.in:
-					batch = append(batch, j)
+				case jobs := <-s.in:
+					batch = append(batch, jobs...)
 				default:
 					break fill
 				}
 			}
-			s.round(ctx, batch)
+			for start := 0; start < len(batch); start += s.cfg.BatchSize {
+				s.round(ctx, batch[start:min(len(batch), start+s.cfg.BatchSize)])
+			}
 		case id := <-s.changed:
 			if err := s.refreshNode(ctx, id); err != nil {
 				s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
