@@ -74,6 +74,21 @@ type Scheduler struct {
 	// the window's workload of generation meterGen.
 	meter    placement.FragMeter
 	meterGen uint64
+	// facts caches each node's nodeFacts, dropped when the node is re-read.
+	facts map[string]*nodeFacts
+
+	// fixes are the view changes the rounds being published found (a
+	// reservation given back, one found recorded elsewhere); the loop
+	// applies them before it next places.
+	fixMu sync.Mutex
+	fixes []viewFix
+}
+
+// viewFix is a change to the loop's view found after a round left it: the
+// rental placed on node in the view is not there in the store, and stale
+// (when set) names a node whose view is to be re-read.
+type viewFix struct {
+	node, rental, stale string
 }
 
 // job is one request in a scheduling round.
@@ -95,6 +110,7 @@ type job struct {
 	// round state
 	placed   placement.Placement
 	alloc    capacity.Allocation
+	facts    *nodeFacts
 	err      error
 	outcome  string
 	tries    int
@@ -130,6 +146,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 		metrics:    d.Metrics,
 		index:      map[string]int{},
 		stale:      map[string]bool{},
+		facts:      map[string]*nodeFacts{},
 	}, nil
 }
 
@@ -496,6 +513,7 @@ func (s *Scheduler) refresh(ctx context.Context) error {
 	}
 	s.version, s.refreshedAt = snap.Version, s.d.Now()
 	clear(s.stale)
+	clear(s.facts)
 	s.meter.Reset(&s.cluster, s.window.Workload())
 	s.meterGen = s.window.Generation()
 	s.metrics.fragmentation(s.meter.Stats())
@@ -525,6 +543,7 @@ func (s *Scheduler) refreshNode(ctx context.Context, id string) error {
 		return err
 	}
 	n := nodeOf(&st, classes)
+	delete(s.facts, id)
 	if known {
 		s.cluster.Nodes[i] = n
 	} else {
@@ -608,6 +627,7 @@ const maxPasses = 4
 // error that should redeliver it.
 func (s *Scheduler) round(ctx context.Context, batch []*job) {
 	start := s.d.Now()
+	s.applyFixes()
 	if err := s.ensureFresh(ctx, false); err != nil {
 		finish(batch, err)
 		return
@@ -765,67 +785,31 @@ func (c *committer) wait() {
 	c.wg.Wait()
 }
 
-// finishRound records outcomes and publishes them.
+// finishRound decides for the requests that found no room (on the loop:
+// it reads the view), then records the placed ones' outcomes and
+// publishes off the loop, so the next round places while this one's
+// outcomes are being recorded and its events stored; at most
+// maxPublishing rounds at once. What that finds about the view (a
+// reservation given back, one recorded elsewhere) comes back as fixes.
 func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now time.Time) {
 	b := s.d.Bus.NewBatch()
 	var ok []*job
 	for _, j := range placed {
 		if j.err == nil {
+			j.facts = s.factsFor(j.alloc.NodeID)
 			ok = append(ok, j)
 		}
 	}
-	// Record the outcome; where another replica or a cancel decided first,
-	// give the capacity back.
-	ids := make([]string, len(ok))
-	classes := make([]classRecord, len(ok))
-	for i, j := range ok {
-		ids[i], classes[i] = claimKey(j.r.ID, j.attempt), classRecord{j.r.Class, j.r.Priority}
-	}
-	outcomes, err := s.rec.claim(ctx, ids, outcomeScheduled, classes)
-	if err != nil {
-		for _, j := range ok {
-			j.err = err
-		}
-	}
-	for i, j := range ok {
-		if err != nil {
-			break
-		}
-		j.outcome = outcomes[i].Outcome
-		// Give the capacity back when another outcome was recorded first
-		// (a cancel, a timeout), and when this is a redelivery of a rental
-		// scheduled before whose allocation is gone (it ran and stopped):
-		// the new reservation must not outlive it.
-		if j.outcome != outcomeScheduled || (!outcomes[i].Won && !j.alloc.Existing) {
-			j.outcome = ""
-			if _, rerr := s.d.Store.Release(ctx, j.r.ID); rerr != nil {
-				j.err = rerr
-			}
-			s.removeLocal(j.placed.NodeID, j.r.ID)
-			continue
-		}
-		if j.alloc.Existing {
-			// Placed before (a redelivery, or another replica): publish
-			// what the store recorded; the view is fixed on next refresh.
-			s.removeLocal(j.placed.NodeID, j.r.ID)
-			s.stale[j.alloc.NodeID] = true
-		}
-		var node *placement.Node
-		if k, known := s.index[j.alloc.NodeID]; known {
-			node = &s.cluster.Nodes[k]
-		}
-		sched := scheduledOf(j.ev, j.alloc, node, max(j.attempt, 1), s.source, now)
-		if j.err = s.queueScheduled(ctx, b, sched); j.err != nil {
-			continue
-		}
-		s.metrics.outcome(ctx, "scheduled")
-	}
 	s.handleNoFit(ctx, b, noFit, now)
-	// Wait for the acks off the loop, so the next round places while this
-	// one's events are being stored; at most maxPublishing rounds at once.
 	s.publishing <- struct{}{}
 	s.publishers.Go(func() {
 		defer func() { <-s.publishing }()
+		fixes := s.recordScheduled(ctx, b, ok, now)
+		if len(fixes) > 0 {
+			s.fixMu.Lock()
+			s.fixes = append(s.fixes, fixes...)
+			s.fixMu.Unlock()
+		}
 		_, err := b.Wait(ctx)
 		for _, j := range append(placed, noFit...) {
 			if j.err == nil {
@@ -840,6 +824,84 @@ func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now t
 			j.done <- j.err
 		}
 	})
+}
+
+// recordScheduled records the outcome of reserved requests and queues
+// their events. Where another replica or a cancel decided first, it gives
+// the capacity back. It runs off the loop: it reads only the jobs and
+// their nodeFacts, and returns the fixes for the loop's view.
+func (s *Scheduler) recordScheduled(ctx context.Context, b *bus.Batch, ok []*job, now time.Time) []viewFix {
+	if len(ok) == 0 {
+		return nil
+	}
+	ids := make([]string, len(ok))
+	classes := make([]classRecord, len(ok))
+	for i, j := range ok {
+		ids[i], classes[i] = claimKey(j.r.ID, j.attempt), classRecord{j.r.Class, j.r.Priority}
+	}
+	outcomes, err := s.rec.claim(ctx, ids, outcomeScheduled, classes)
+	if err != nil {
+		for _, j := range ok {
+			j.err = err
+		}
+		return nil
+	}
+	var fixes []viewFix
+	for i, j := range ok {
+		j.outcome = outcomes[i].Outcome
+		// Give the capacity back when another outcome was recorded first
+		// (a cancel, a timeout), and when this is a redelivery of a rental
+		// scheduled before whose allocation is gone (it ran and stopped):
+		// the new reservation must not outlive it.
+		if j.outcome != outcomeScheduled || (!outcomes[i].Won && !j.alloc.Existing) {
+			j.outcome = ""
+			if _, rerr := s.d.Store.Release(ctx, j.r.ID); rerr != nil {
+				j.err = rerr
+			}
+			fixes = append(fixes, viewFix{node: j.placed.NodeID, rental: j.r.ID})
+			continue
+		}
+		if j.alloc.Existing {
+			// Placed before (a redelivery, or another replica): publish
+			// what the store recorded; the view is fixed on next refresh.
+			fixes = append(fixes, viewFix{node: j.placed.NodeID, rental: j.r.ID, stale: j.alloc.NodeID})
+		}
+		sched := scheduledOf(j.ev, j.alloc, j.facts, max(j.attempt, 1), s.source, now)
+		if j.err = s.queueScheduled(ctx, b, sched); j.err != nil {
+			continue
+		}
+		s.metrics.outcome(ctx, "scheduled")
+	}
+	return fixes
+}
+
+// applyFixes takes into the view what the rounds being published found.
+func (s *Scheduler) applyFixes() {
+	s.fixMu.Lock()
+	fixes := s.fixes
+	s.fixes = nil
+	s.fixMu.Unlock()
+	for _, f := range fixes {
+		s.removeLocal(f.node, f.rental)
+		if f.stale != "" {
+			s.stale[f.stale] = true
+		}
+	}
+}
+
+// factsFor is the nodeFacts of a node in the view (nil when it is not in
+// the view).
+func (s *Scheduler) factsFor(id string) *nodeFacts {
+	if f, ok := s.facts[id]; ok {
+		return f
+	}
+	k, ok := s.index[id]
+	if !ok {
+		return nil
+	}
+	f := factsOf(&s.cluster.Nodes[k])
+	s.facts[id] = f
+	return f
 }
 
 func (s *Scheduler) queueScheduled(ctx context.Context, b *bus.Batch, sched *shizuv1.RentalScheduled) error {
