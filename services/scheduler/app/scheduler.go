@@ -77,11 +77,14 @@ type Scheduler struct {
 	// facts caches each node's nodeFacts, dropped when the node is re-read.
 	facts map[string]*nodeFacts
 
-	// fixes are the view changes the rounds being published found (a
-	// reservation given back, one found recorded elsewhere); the loop
-	// applies them before it next places.
+	// fixes are the view changes found off the loop (a reservation given
+	// back, one found recorded elsewhere, a migrating rental's release);
+	// the loop applies them before it next places.
 	fixMu sync.Mutex
 	fixes []viewFix
+	// claimed is closed once the last round handed off has recorded its
+	// outcomes: rounds record in the order they placed (see finishRound).
+	claimed chan struct{}
 }
 
 // viewFix is a change to the loop's view found after a round left it: the
@@ -626,6 +629,13 @@ const maxPasses = 4
 // publish. Each job's done gets nil once its outcome is published, or the
 // error that should redeliver it.
 func (s *Scheduler) round(ctx context.Context, batch []*job) {
+	// A rental asked for twice in one round (a redelivery) is placed once
+	// here; its copies follow in a round of their own, which finds its
+	// reservation and its recorded outcome.
+	batch, again := firstOfEach(batch)
+	if len(again) > 0 {
+		defer s.round(ctx, again)
+	}
 	start := s.d.Now()
 	s.applyFixes()
 	if err := s.ensureFresh(ctx, false); err != nil {
@@ -720,6 +730,27 @@ func (s *Scheduler) round(ctx context.Context, batch []*job) {
 	s.finishRound(ctx, placed, noFit, start)
 }
 
+// firstOfEach splits a batch into the first job of each placement (rental
+// and attempt) and the repeats.
+func firstOfEach(batch []*job) (first, again []*job) {
+	type key struct {
+		rental  string
+		attempt int32
+	}
+	seen := make(map[key]bool, len(batch))
+	first = batch[:0:len(batch)]
+	for _, j := range batch {
+		k := key{j.r.ID, max(j.attempt, 1)}
+		if seen[k] {
+			again = append(again, j)
+			continue
+		}
+		seen[k] = true
+		first = append(first, j)
+	}
+	return first, again
+}
+
 // order sorts a batch by the level-one queue order.
 func (s *Scheduler) order(batch []*job, now time.Time) {
 	items := make([]queue.Item, len(batch))
@@ -801,15 +832,22 @@ func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now t
 		}
 	}
 	s.handleNoFit(ctx, b, noFit, now)
+	// Rounds record their outcomes in the order they placed: a repeat of
+	// a request placed one round earlier finds that reservation (Existing)
+	// and must find its outcome recorded too, or it would take the
+	// outcome and the earlier round, seeing the outcome taken by another,
+	// would give back the one reservation both announce.
+	prev, mine := s.claimed, make(chan struct{})
+	s.claimed = mine
 	s.publishing <- struct{}{}
 	s.publishers.Go(func() {
 		defer func() { <-s.publishing }()
-		fixes := s.recordScheduled(ctx, b, ok, now)
-		if len(fixes) > 0 {
-			s.fixMu.Lock()
-			s.fixes = append(s.fixes, fixes...)
-			s.fixMu.Unlock()
+		if prev != nil {
+			<-prev
 		}
+		fixes := s.recordScheduled(ctx, b, ok, now)
+		close(mine)
+		s.postFixes(fixes...)
 		_, err := b.Wait(ctx)
 		for _, j := range append(placed, noFit...) {
 			if j.err == nil {
@@ -873,6 +911,16 @@ func (s *Scheduler) recordScheduled(ctx context.Context, b *bus.Batch, ok []*job
 		s.metrics.outcome(ctx, "scheduled")
 	}
 	return fixes
+}
+
+// postFixes queues fixes for the loop's view; any goroutine may post.
+func (s *Scheduler) postFixes(fixes ...viewFix) {
+	if len(fixes) == 0 {
+		return
+	}
+	s.fixMu.Lock()
+	s.fixes = append(s.fixes, fixes...)
+	s.fixMu.Unlock()
 }
 
 // applyFixes takes into the view what the rounds being published found.
