@@ -138,7 +138,7 @@ func Services() []Service {
 			Name: Scheduler,
 			Publishes: []string{subject.RentalScheduledAll, subject.RentalPendingAll, subject.RentalRejectedAll,
 				subject.RentalPreemptedAll, subject.CapacityShortage, subject.AgentCmdAll},
-			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: "scheduler",
+			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: "scheduler", MaxAckPending: 8192,
 				FilterSubjects: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll,
 					subject.RentalStoppedAll, subject.RentalMigratingAll}},
 				// A GPU reported degraded or failed takes no new rental.

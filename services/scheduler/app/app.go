@@ -182,8 +182,12 @@ func (s *Scheduler) Start(ctx context.Context, specs ...bus.Consumer) ([]service
 		return nil
 	})
 	parts := []service.Part{loop}
+	// Deliveries come in batches of up to BatchSize, Concurrency in flight
+	// in all, so the loop has the next batch at hand while the previous
+	// one's events are being stored.
+	opts := bus.BatchOptions{MaxBatch: s.cfg.BatchSize, Concurrency: max(1, s.cfg.Concurrency/s.cfg.BatchSize), FastAck: true}
 	for _, spec := range specs {
-		sub, err := s.d.Bus.Consume(ctx, spec, s.Router(), bus.ConsumeOptions{Concurrency: s.cfg.Concurrency, FastAck: true})
+		sub, err := s.d.Bus.ConsumeBatch(ctx, spec, s.onBatch(s.Router()), opts)
 		if err != nil {
 			for i := len(parts) - 1; i >= 0; i-- {
 				_ = parts[i].Stop(ctx)

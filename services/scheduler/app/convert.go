@@ -165,7 +165,7 @@ func placementOf(r *placement.Request, p placement.Placement) capacity.Placement
 
 // scheduledOf builds the RentalScheduled event of an allocation (the one
 // the store recorded, which for a repeated request is the first one).
-func scheduledOf(ev *shizuv1.RentalRequested, a capacity.Allocation, node *placement.Node, attempt int32, source string, now time.Time) *shizuv1.RentalScheduled {
+func scheduledOf(ev *shizuv1.RentalRequested, a capacity.Allocation, node *nodeFacts, attempt int32, source string, now time.Time) *shizuv1.RentalScheduled {
 	spec := ev.GetSpec()
 	out := &shizuv1.RentalScheduled{
 		Meta: &shizuv1.EventMeta{
@@ -213,4 +213,23 @@ func vectorOf(r *placement.Request, m placement.Missing) *shizuv1.ResourceVector
 		v.Market = shizuv1.Market_MARKET_ON_DEMAND
 	}
 	return v
+}
+
+// nodeFacts is what a RentalScheduled event tells about the node it names:
+// its zone and its GPUs' UUIDs and models. A value is never changed once
+// built, so the goroutine that publishes a round may read it while the
+// loop moves on.
+type nodeFacts struct {
+	Zone string
+	GPUs []gpuFacts
+}
+
+type gpuFacts struct{ UUID, Model string }
+
+func factsOf(n *placement.Node) *nodeFacts {
+	f := &nodeFacts{Zone: n.Zone, GPUs: make([]gpuFacts, len(n.GPUs))}
+	for i := range n.GPUs {
+		f.GPUs[i] = gpuFacts{UUID: n.GPUs[i].UUID, Model: n.GPUs[i].Model}
+	}
+	return f
 }

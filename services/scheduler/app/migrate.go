@@ -34,7 +34,9 @@ func (s *Scheduler) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating
 		if _, err := s.d.Store.Release(ctx, id); err != nil {
 			return err
 		}
-		s.removeLocal(a.NodeID, id)
+		// The view belongs to the loop: it takes the release out before
+		// it next places.
+		s.postFixes(viewFix{node: a.NodeID, rental: id})
 	}
 	req := &shizuv1.RentalRequested{
 		Meta: &shizuv1.EventMeta{

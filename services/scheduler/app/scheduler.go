@@ -47,8 +47,9 @@ type Scheduler struct {
 	// catalogue is read by handlers concurrently; never written.
 	catalogue placement.Catalogue
 	window    *placement.Window
-	in        chan *job
-	kick      chan struct{}
+	// in carries requests to the loop, a delivered batch at a time.
+	in   chan []*job
+	kick chan struct{}
 	// changed names nodes the loop should re-read before its next round
 	// (a GPU's health changed).
 	changed chan string
@@ -73,6 +74,24 @@ type Scheduler struct {
 	// the window's workload of generation meterGen.
 	meter    placement.FragMeter
 	meterGen uint64
+	// facts caches each node's nodeFacts, dropped when the node is re-read.
+	facts map[string]*nodeFacts
+
+	// fixes are the view changes found off the loop (a reservation given
+	// back, one found recorded elsewhere, a migrating rental's release);
+	// the loop applies them before it next places.
+	fixMu sync.Mutex
+	fixes []viewFix
+	// claimed is closed once the last round handed off has recorded its
+	// outcomes: rounds record in the order they placed (see finishRound).
+	claimed chan struct{}
+}
+
+// viewFix is a change to the loop's view found after a round left it: the
+// rental placed on node in the view is not there in the store, and stale
+// (when set) names a node whose view is to be re-read.
+type viewFix struct {
+	node, rental, stale string
 }
 
 // job is one request in a scheduling round.
@@ -94,6 +113,7 @@ type job struct {
 	// round state
 	placed   placement.Placement
 	alloc    capacity.Allocation
+	facts    *nodeFacts
 	err      error
 	outcome  string
 	tries    int
@@ -121,7 +141,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 		cfg: cfg, d: d, placer: pl, catalogue: catalogue,
 		rec:        records{rdb: d.Redis, prefix: cfg.KeyPrefix, ttl: cfg.OutcomeTTL},
 		window:     placement.NewWindow(cfg.WorkloadWindow, max(1, cfg.WorkloadWindow/10)),
-		in:         make(chan *job, cfg.BatchSize),
+		in:         make(chan []*job, cfg.Concurrency/cfg.BatchSize+1),
 		kick:       make(chan struct{}, 1),
 		changed:    make(chan string, 64),
 		publishing: make(chan struct{}, maxPublishing),
@@ -129,6 +149,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 		metrics:    d.Metrics,
 		index:      map[string]int{},
 		stale:      map[string]bool{},
+		facts:      map[string]*nodeFacts{},
 	}, nil
 }
 
@@ -144,45 +165,113 @@ func (s *Scheduler) Router() *bus.Router {
 	return r
 }
 
-// onRequested takes a request: a spec that fails validation is rejected at
-// once with the reason (a request whose ids are unusable is dead-lettered);
-// anything else joins the next scheduling round, and the delivery is
-// acknowledged once its outcome is published.
+// onRequested takes a request delivered on its own (see onBatch).
 func (s *Scheduler) onRequested(ctx context.Context, d bus.Delivery) error {
+	j, err := s.admit(ctx, d)
+	if j == nil {
+		return err
+	}
+	return s.await(ctx, []*job{j})[0]
+}
+
+// admit decodes a request: a spec that fails validation is rejected at
+// once with the reason, and admit returns no job and the error that
+// decides the delivery (a request whose ids are unusable is
+// dead-lettered); anything else becomes a job for the next round.
+func (s *Scheduler) admit(ctx context.Context, d bus.Delivery) (*job, error) {
 	ev := &shizuv1.RentalRequested{}
 	if err := proto.Unmarshal(d.Data, ev); err != nil {
-		return fault.Invalid("decode RentalRequested: %v", err)
+		return nil, fault.Invalid("decode RentalRequested: %v", err)
 	}
 	if err := ev.Validate(); err != nil {
 		if !headerValid(ev) {
-			return fault.Invalid("RentalRequested: %v", err)
+			return nil, fault.Invalid("RentalRequested: %v", err)
 		}
-		return s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
+		return nil, s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
 	}
 	r := requestOf(ev)
 	if err := r.Validate(s.catalogue); err != nil {
-		return s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
+		return nil, s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, err.Error())
 	}
-	return s.submit(ctx, ev, r, 1)
+	return s.newJob(ev, r, 1), nil
 }
 
-// submit hands a request to the next scheduling round and waits until its
-// outcome is published.
-func (s *Scheduler) submit(ctx context.Context, ev *shizuv1.RentalRequested, r placement.Request, attempt int32) error {
+func (s *Scheduler) newJob(ev *shizuv1.RentalRequested, r placement.Request, attempt int32) *job {
 	enq := ev.GetMeta().GetOccurredAt().AsTime()
-	j := &job{ev: ev, r: r, enqueued: enq, deadline: enq.Add(s.cfg.PendingTimeout), done: make(chan error, 1),
+	return &job{ev: ev, r: r, enqueued: enq, deadline: enq.Add(s.cfg.PendingTimeout), done: make(chan error, 1),
 		received: s.d.Now(), attempt: attempt}
-	select {
-	case s.in <- j:
-	case <-ctx.Done():
-		return ctx.Err()
+}
+
+// onBatch handles a batch of deliveries of one consumer: its requests go
+// to the loop together (one round places them all, or a few rounds when
+// the loop merges batches), every other event to its handler in the
+// router, concurrently. Each delivery's outcome is its handler's error,
+// or for a request nil once its outcome is published.
+//
+// Acking a batch together keeps every guarantee of acking one by one: a
+// request is acknowledged only after its outcome is recorded (SET NX) and
+// its events are stored, and a redelivery (an ack lost in a crash) finds
+// the recorded outcome and the store's idempotent reserve, so it
+// republishes the same events under the same ids, which the stream
+// deduplicates.
+func (s *Scheduler) onBatch(router *bus.Router) bus.BatchHandlerFunc {
+	requested := bus.EventName(&shizuv1.RentalRequested{})
+	return func(ctx context.Context, ds []bus.Delivery) []error {
+		errs := make([]error, len(ds))
+		jobs := make([]*job, 0, len(ds))
+		at := make([]int, 0, len(ds))
+		var others sync.WaitGroup
+		for i, d := range ds {
+			event, h := router.Lookup(d)
+			switch {
+			case event == requested:
+				j, err := s.admit(ctx, d)
+				if j == nil {
+					errs[i] = err
+					continue
+				}
+				jobs, at = append(jobs, j), append(at, i)
+			case h != nil:
+				others.Go(func() { errs[i] = h(ctx, d) })
+			}
+		}
+		for k, err := range s.await(ctx, jobs) {
+			errs[at[k]] = err
+		}
+		others.Wait()
+		return errs
+	}
+}
+
+// await hands jobs to the loop and returns each one's outcome once it is
+// published.
+func (s *Scheduler) await(ctx context.Context, jobs []*job) []error {
+	errs := make([]error, len(jobs))
+	if len(jobs) == 0 {
+		return errs
 	}
 	select {
-	case err := <-j.done:
-		return err
+	case s.in <- jobs:
 	case <-ctx.Done():
-		return ctx.Err()
+		for i := range errs {
+			errs[i] = ctx.Err()
+		}
+		return errs
 	}
+	for i, j := range jobs {
+		select {
+		case errs[i] = <-j.done:
+		case <-ctx.Done():
+			errs[i] = ctx.Err()
+		}
+	}
+	return errs
+}
+
+// submit hands one request to the next scheduling round and waits until
+// its outcome is published.
+func (s *Scheduler) submit(ctx context.Context, ev *shizuv1.RentalRequested, r placement.Request, attempt int32) error {
+	return s.await(ctx, []*job{s.newJob(ev, r, attempt)})[0]
 }
 
 // headerValid reports whether a request's envelope and ids are usable to
@@ -377,18 +466,20 @@ func (s *Scheduler) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case j := <-s.in:
-			batch := []*job{j}
+		case jobs := <-s.in:
+			batch := append(make([]*job, 0, max(len(jobs), s.cfg.BatchSize)), jobs...)
 		fill:
 			for len(batch) < s.cfg.BatchSize {
 				select {
-				case j := <-s.in:
-					batch = append(batch, j)
+				case jobs := <-s.in:
+					batch = append(batch, jobs...)
 				default:
 					break fill
 				}
 			}
-			s.round(ctx, batch)
+			for start := 0; start < len(batch); start += s.cfg.BatchSize {
+				s.round(ctx, batch[start:min(len(batch), start+s.cfg.BatchSize)])
+			}
 		case id := <-s.changed:
 			if err := s.refreshNode(ctx, id); err != nil {
 				s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
@@ -425,6 +516,7 @@ func (s *Scheduler) refresh(ctx context.Context) error {
 	}
 	s.version, s.refreshedAt = snap.Version, s.d.Now()
 	clear(s.stale)
+	clear(s.facts)
 	s.meter.Reset(&s.cluster, s.window.Workload())
 	s.meterGen = s.window.Generation()
 	s.metrics.fragmentation(s.meter.Stats())
@@ -454,6 +546,7 @@ func (s *Scheduler) refreshNode(ctx context.Context, id string) error {
 		return err
 	}
 	n := nodeOf(&st, classes)
+	delete(s.facts, id)
 	if known {
 		s.cluster.Nodes[i] = n
 	} else {
@@ -536,7 +629,15 @@ const maxPasses = 4
 // publish. Each job's done gets nil once its outcome is published, or the
 // error that should redeliver it.
 func (s *Scheduler) round(ctx context.Context, batch []*job) {
+	// A rental asked for twice in one round (a redelivery) is placed once
+	// here; its copies follow in a round of their own, which finds its
+	// reservation and its recorded outcome.
+	batch, again := firstOfEach(batch)
+	if len(again) > 0 {
+		defer s.round(ctx, again)
+	}
 	start := s.d.Now()
+	s.applyFixes()
 	if err := s.ensureFresh(ctx, false); err != nil {
 		finish(batch, err)
 		return
@@ -629,6 +730,27 @@ func (s *Scheduler) round(ctx context.Context, batch []*job) {
 	s.finishRound(ctx, placed, noFit, start)
 }
 
+// firstOfEach splits a batch into the first job of each placement (rental
+// and attempt) and the repeats.
+func firstOfEach(batch []*job) (first, again []*job) {
+	type key struct {
+		rental  string
+		attempt int32
+	}
+	seen := make(map[key]bool, len(batch))
+	first = batch[:0:len(batch)]
+	for _, j := range batch {
+		k := key{j.r.ID, max(j.attempt, 1)}
+		if seen[k] {
+			again = append(again, j)
+			continue
+		}
+		seen[k] = true
+		first = append(first, j)
+	}
+	return first, again
+}
+
 // order sorts a batch by the level-one queue order.
 func (s *Scheduler) order(batch []*job, now time.Time) {
 	items := make([]queue.Item, len(batch))
@@ -694,67 +816,38 @@ func (c *committer) wait() {
 	c.wg.Wait()
 }
 
-// finishRound records outcomes and publishes them.
+// finishRound decides for the requests that found no room (on the loop:
+// it reads the view), then records the placed ones' outcomes and
+// publishes off the loop, so the next round places while this one's
+// outcomes are being recorded and its events stored; at most
+// maxPublishing rounds at once. What that finds about the view (a
+// reservation given back, one recorded elsewhere) comes back as fixes.
 func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now time.Time) {
 	b := s.d.Bus.NewBatch()
 	var ok []*job
 	for _, j := range placed {
 		if j.err == nil {
+			j.facts = s.factsFor(j.alloc.NodeID)
 			ok = append(ok, j)
 		}
 	}
-	// Record the outcome; where another replica or a cancel decided first,
-	// give the capacity back.
-	ids := make([]string, len(ok))
-	classes := make([]classRecord, len(ok))
-	for i, j := range ok {
-		ids[i], classes[i] = claimKey(j.r.ID, j.attempt), classRecord{j.r.Class, j.r.Priority}
-	}
-	outcomes, err := s.rec.claim(ctx, ids, outcomeScheduled, classes)
-	if err != nil {
-		for _, j := range ok {
-			j.err = err
-		}
-	}
-	for i, j := range ok {
-		if err != nil {
-			break
-		}
-		j.outcome = outcomes[i].Outcome
-		// Give the capacity back when another outcome was recorded first
-		// (a cancel, a timeout), and when this is a redelivery of a rental
-		// scheduled before whose allocation is gone (it ran and stopped):
-		// the new reservation must not outlive it.
-		if j.outcome != outcomeScheduled || (!outcomes[i].Won && !j.alloc.Existing) {
-			j.outcome = ""
-			if _, rerr := s.d.Store.Release(ctx, j.r.ID); rerr != nil {
-				j.err = rerr
-			}
-			s.removeLocal(j.placed.NodeID, j.r.ID)
-			continue
-		}
-		if j.alloc.Existing {
-			// Placed before (a redelivery, or another replica): publish
-			// what the store recorded; the view is fixed on next refresh.
-			s.removeLocal(j.placed.NodeID, j.r.ID)
-			s.stale[j.alloc.NodeID] = true
-		}
-		var node *placement.Node
-		if k, known := s.index[j.alloc.NodeID]; known {
-			node = &s.cluster.Nodes[k]
-		}
-		sched := scheduledOf(j.ev, j.alloc, node, max(j.attempt, 1), s.source, now)
-		if j.err = s.queueScheduled(ctx, b, sched); j.err != nil {
-			continue
-		}
-		s.metrics.outcome(ctx, "scheduled")
-	}
 	s.handleNoFit(ctx, b, noFit, now)
-	// Wait for the acks off the loop, so the next round places while this
-	// one's events are being stored; at most maxPublishing rounds at once.
+	// Rounds record their outcomes in the order they placed: a repeat of
+	// a request placed one round earlier finds that reservation (Existing)
+	// and must find its outcome recorded too, or it would take the
+	// outcome and the earlier round, seeing the outcome taken by another,
+	// would give back the one reservation both announce.
+	prev, mine := s.claimed, make(chan struct{})
+	s.claimed = mine
 	s.publishing <- struct{}{}
 	s.publishers.Go(func() {
 		defer func() { <-s.publishing }()
+		if prev != nil {
+			<-prev
+		}
+		fixes := s.recordScheduled(ctx, b, ok, now)
+		close(mine)
+		s.postFixes(fixes...)
 		_, err := b.Wait(ctx)
 		for _, j := range append(placed, noFit...) {
 			if j.err == nil {
@@ -769,6 +862,94 @@ func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now t
 			j.done <- j.err
 		}
 	})
+}
+
+// recordScheduled records the outcome of reserved requests and queues
+// their events. Where another replica or a cancel decided first, it gives
+// the capacity back. It runs off the loop: it reads only the jobs and
+// their nodeFacts, and returns the fixes for the loop's view.
+func (s *Scheduler) recordScheduled(ctx context.Context, b *bus.Batch, ok []*job, now time.Time) []viewFix {
+	if len(ok) == 0 {
+		return nil
+	}
+	ids := make([]string, len(ok))
+	classes := make([]classRecord, len(ok))
+	for i, j := range ok {
+		ids[i], classes[i] = claimKey(j.r.ID, j.attempt), classRecord{j.r.Class, j.r.Priority}
+	}
+	outcomes, err := s.rec.claim(ctx, ids, outcomeScheduled, classes)
+	if err != nil {
+		for _, j := range ok {
+			j.err = err
+		}
+		return nil
+	}
+	var fixes []viewFix
+	for i, j := range ok {
+		j.outcome = outcomes[i].Outcome
+		// Give the capacity back when another outcome was recorded first
+		// (a cancel, a timeout), and when this is a redelivery of a rental
+		// scheduled before whose allocation is gone (it ran and stopped):
+		// the new reservation must not outlive it.
+		if j.outcome != outcomeScheduled || (!outcomes[i].Won && !j.alloc.Existing) {
+			j.outcome = ""
+			if _, rerr := s.d.Store.Release(ctx, j.r.ID); rerr != nil {
+				j.err = rerr
+			}
+			fixes = append(fixes, viewFix{node: j.placed.NodeID, rental: j.r.ID})
+			continue
+		}
+		if j.alloc.Existing {
+			// Placed before (a redelivery, or another replica): publish
+			// what the store recorded; the view is fixed on next refresh.
+			fixes = append(fixes, viewFix{node: j.placed.NodeID, rental: j.r.ID, stale: j.alloc.NodeID})
+		}
+		sched := scheduledOf(j.ev, j.alloc, j.facts, max(j.attempt, 1), s.source, now)
+		if j.err = s.queueScheduled(ctx, b, sched); j.err != nil {
+			continue
+		}
+		s.metrics.outcome(ctx, "scheduled")
+	}
+	return fixes
+}
+
+// postFixes queues fixes for the loop's view; any goroutine may post.
+func (s *Scheduler) postFixes(fixes ...viewFix) {
+	if len(fixes) == 0 {
+		return
+	}
+	s.fixMu.Lock()
+	s.fixes = append(s.fixes, fixes...)
+	s.fixMu.Unlock()
+}
+
+// applyFixes takes into the view what the rounds being published found.
+func (s *Scheduler) applyFixes() {
+	s.fixMu.Lock()
+	fixes := s.fixes
+	s.fixes = nil
+	s.fixMu.Unlock()
+	for _, f := range fixes {
+		s.removeLocal(f.node, f.rental)
+		if f.stale != "" {
+			s.stale[f.stale] = true
+		}
+	}
+}
+
+// factsFor is the nodeFacts of a node in the view (nil when it is not in
+// the view).
+func (s *Scheduler) factsFor(id string) *nodeFacts {
+	if f, ok := s.facts[id]; ok {
+		return f
+	}
+	k, ok := s.index[id]
+	if !ok {
+		return nil
+	}
+	f := factsOf(&s.cluster.Nodes[k])
+	s.facts[id] = f
+	return f
 }
 
 func (s *Scheduler) queueScheduled(ctx context.Context, b *bus.Batch, sched *shizuv1.RentalScheduled) error {
