@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/fault"
 )
 
@@ -47,24 +49,40 @@ func unavailable(op string, err error) error {
 	return fmt.Errorf("scheduler records: %s: %w: %v", op, fault.ErrUnavailable, err)
 }
 
-// claimed is the outcome recorded for a rental, and whether this claim
-// recorded it.
+// claimed is the outcome recorded for a rental, whether this claim
+// recorded it, and for a scheduled outcome the allocation it announced.
 type claimed struct {
 	Outcome string
 	Won     bool
+	Alloc   string // allocToken of the allocation announced; "" when none was named
+}
+
+// allocToken names one allocation of a rental: the node and the instant
+// the store created it. Two replicas that announce the same allocation (one
+// reserved it, the other got it back as Existing) hold the same token; a
+// fresh reservation after the rental's earlier allocation was released has
+// another.
+func allocToken(a capacity.Allocation) string {
+	return a.NodeID + "@" + strconv.FormatInt(a.CreatedAt.UnixNano(), 10)
 }
 
 // claim records outcome want for each rental that has none, and returns the
-// outcome recorded for each. Placed rentals get their class recorded in the
+// outcome recorded for each. A scheduled claim names the allocation it
+// announces (allocs[i], an allocToken; nil for other outcomes), stored as
+// "scheduled <token>". Placed rentals get their class recorded in the
 // same pipeline, and leave the pending set.
-func (r records) claim(ctx context.Context, ids []string, want string, classes []classRecord) ([]claimed, error) {
+func (r records) claim(ctx context.Context, ids []string, want string, allocs []string, classes []classRecord) ([]claimed, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
 	pipe := r.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(ids))
 	for i, id := range ids {
-		cmds[i] = pipe.Do(ctx, "SET", r.outcomeKey(id), want, "NX", "GET", "EX", int64(r.ttl/time.Second))
+		v := want
+		if allocs != nil && allocs[i] != "" {
+			v += " " + allocs[i]
+		}
+		cmds[i] = pipe.Do(ctx, "SET", r.outcomeKey(id), v, "NX", "GET", "EX", int64(r.ttl/time.Second))
 	}
 	if classes != nil {
 		args := make([]any, 0, 2*len(ids))
@@ -86,11 +104,15 @@ func (r records) claim(ctx context.Context, ids []string, want string, classes [
 		v, err := c.Text()
 		switch {
 		case errors.Is(err, redis.Nil):
-			out[i] = claimed{want, true}
+			out[i] = claimed{Outcome: want, Won: true}
+			if allocs != nil {
+				out[i].Alloc = allocs[i]
+			}
 		case err != nil:
 			return nil, unavailable("claim outcome", err)
 		default:
-			out[i] = claimed{v, false}
+			outcome, alloc, _ := strings.Cut(v, " ")
+			out[i] = claimed{Outcome: outcome, Alloc: alloc}
 		}
 	}
 	return out, nil
@@ -151,7 +173,8 @@ func (r records) outcome(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "", unavailable("read outcome", err)
 	}
-	return v, nil
+	outcome, _, _ := strings.Cut(v, " ")
+	return outcome, nil
 }
 
 // classes reads the class records of rentals (missing ones are absent).

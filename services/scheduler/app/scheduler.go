@@ -285,7 +285,7 @@ func headerValid(ev *shizuv1.RentalRequested) bool {
 // rejectNow records and publishes a rejection for a request that never
 // reached a round.
 func (s *Scheduler) rejectNow(ctx context.Context, ev *shizuv1.RentalRequested, attempt int32, reason shizuv1.RejectReason, msg string) error {
-	got, err := s.rec.claim(ctx, []string{claimKey(ev.GetRentalId(), attempt)}, outcomeRejected, nil)
+	got, err := s.rec.claim(ctx, []string{claimKey(ev.GetRentalId(), attempt)}, outcomeRejected, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -323,7 +323,7 @@ func truncate(s string, n int) string {
 // rejected (REJECT_REASON_CANCELLED); placed, its node agent is told to
 // stop it, and its capacity comes back with RentalStopped.
 func (s *Scheduler) onCancel(ctx context.Context, ev *shizuv1.RentalCancelRequested, _ bus.Delivery) error {
-	got, err := s.rec.claim(ctx, []string{ev.GetRentalId()}, outcomeCancelled, nil)
+	got, err := s.rec.claim(ctx, []string{ev.GetRentalId()}, outcomeCancelled, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -873,11 +873,12 @@ func (s *Scheduler) recordScheduled(ctx context.Context, b *bus.Batch, ok []*job
 		return nil
 	}
 	ids := make([]string, len(ok))
+	allocs := make([]string, len(ok))
 	classes := make([]classRecord, len(ok))
 	for i, j := range ok {
-		ids[i], classes[i] = claimKey(j.r.ID, j.attempt), classRecord{j.r.Class, j.r.Priority}
+		ids[i], allocs[i], classes[i] = claimKey(j.r.ID, j.attempt), allocToken(j.alloc), classRecord{j.r.Class, j.r.Priority}
 	}
-	outcomes, err := s.rec.claim(ctx, ids, outcomeScheduled, classes)
+	outcomes, err := s.rec.claim(ctx, ids, outcomeScheduled, allocs, classes)
 	if err != nil {
 		for _, j := range ok {
 			j.err = err
@@ -887,11 +888,7 @@ func (s *Scheduler) recordScheduled(ctx context.Context, b *bus.Batch, ok []*job
 	var fixes []viewFix
 	for i, j := range ok {
 		j.outcome = outcomes[i].Outcome
-		// Give the capacity back when another outcome was recorded first
-		// (a cancel, a timeout), and when this is a redelivery of a rental
-		// scheduled before whose allocation is gone (it ran and stopped):
-		// the new reservation must not outlive it.
-		if j.outcome != outcomeScheduled || (!outcomes[i].Won && !j.alloc.Existing) {
+		if !keepReservation(outcomes[i], j.alloc) {
 			j.outcome = ""
 			if _, rerr := s.d.Store.Release(ctx, j.r.ID); rerr != nil {
 				j.err = rerr
@@ -911,6 +908,25 @@ func (s *Scheduler) recordScheduled(ctx context.Context, b *bus.Batch, ok []*job
 		s.metrics.outcome(ctx, "scheduled")
 	}
 	return fixes
+}
+
+// keepReservation says whether a reservation stays after its outcome
+// claim. It is given back when another outcome was recorded first (a
+// cancel, a timeout), and when this is a redelivery of a rental scheduled
+// before whose allocation is gone (it ran and stopped): the new reservation
+// must not outlive it. A scheduled outcome that names this very allocation
+// is another replica's announcement of it (that replica got this
+// reservation back as Existing and recorded first): it stays, it is the
+// one the rental runs on.
+func keepReservation(c claimed, a capacity.Allocation) bool {
+	switch {
+	case c.Outcome != outcomeScheduled:
+		return false
+	case c.Won || a.Existing:
+		return true
+	default:
+		return c.Alloc == allocToken(a)
+	}
 }
 
 // postFixes queues fixes for the loop's view; any goroutine may post.
@@ -1026,7 +1042,7 @@ func (s *Scheduler) handleNoFit(ctx context.Context, b *bus.Batch, jobs []*job, 
 	for i, j := range expired {
 		ids[i] = claimKey(j.r.ID, j.attempt)
 	}
-	got, err := s.rec.claim(ctx, ids, outcomeRejected, nil)
+	got, err := s.rec.claim(ctx, ids, outcomeRejected, nil, nil)
 	if err != nil {
 		for _, j := range expired {
 			j.err = err

@@ -1,0 +1,60 @@
+package app
+
+import (
+	"testing"
+	"time"
+
+	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/testkit"
+)
+
+// The outcome claim names the allocation it announces, so a replica that
+// reserved a rental and lost the claim to another replica announcing that
+// same reservation keeps it, while a stale outcome (an earlier allocation
+// of the rental, since released) or another outcome makes it give the
+// reservation back.
+func TestAReservationAnnouncedByAnotherReplicaIsKept(t *testing.T) {
+	t.Parallel()
+	rdb := testkit.StartRedis(t).Client(t)
+	rec := records{rdb: rdb, prefix: "t", ttl: time.Hour}
+	created := time.Unix(1_700_000_000, 123_456_789)
+	fresh := capacity.Allocation{Placement: capacity.Placement{RentalID: "r1", NodeID: "n1"}, CreatedAt: created}
+	existing := fresh
+	existing.Existing = true // what the other replica's reserve returned
+	earlier := capacity.Allocation{Placement: capacity.Placement{RentalID: "r1", NodeID: "n1"}, CreatedAt: created.Add(-time.Hour)}
+
+	// Replica B, given a duplicate delivery, got A's reservation back and
+	// records first; then A claims.
+	b, err := rec.claim(t.Context(), []string{"r1"}, outcomeScheduled, []string{allocToken(existing)}, nil)
+	if err != nil || !b[0].Won || !keepReservation(b[0], existing) {
+		t.Fatalf("first claim = %+v, %v", b, err)
+	}
+	a, err := rec.claim(t.Context(), []string{"r1"}, outcomeScheduled, []string{allocToken(fresh)}, nil)
+	if err != nil || a[0].Won || a[0].Outcome != outcomeScheduled {
+		t.Fatalf("second claim = %+v, %v", a, err)
+	}
+	if !keepReservation(a[0], fresh) {
+		t.Fatal("the replica that reserved gives back the allocation the other replica announced")
+	}
+	// A fresh reservation of a rental whose announced allocation was an
+	// earlier one (it ran and stopped, the request came again) is given back.
+	if _, err := rec.claim(t.Context(), []string{"r2"}, outcomeScheduled, []string{allocToken(earlier)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	again, err := rec.claim(t.Context(), []string{"r2"}, outcomeScheduled, []string{allocToken(fresh)}, nil)
+	if err != nil || keepReservation(again[0], fresh) {
+		t.Fatalf("a reservation after the announced one was released is kept: %+v, %v", again, err)
+	}
+	// Another outcome recorded first: given back, even if Existing.
+	if _, err := rec.claim(t.Context(), []string{"r3"}, outcomeCancelled, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	c, err := rec.claim(t.Context(), []string{"r3"}, outcomeScheduled, []string{allocToken(existing)}, nil)
+	if err != nil || keepReservation(c[0], existing) {
+		t.Fatalf("a reservation of a cancelled rental is kept: %+v, %v", c, err)
+	}
+	// The outcome reads back without the token.
+	if got, err := rec.outcome(t.Context(), "r1"); err != nil || got != outcomeScheduled {
+		t.Fatalf("outcome = %q, %v", got, err)
+	}
+}
