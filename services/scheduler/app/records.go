@@ -177,6 +177,26 @@ func (r records) outcome(ctx context.Context, id string) (string, error) {
 	return outcome, nil
 }
 
+// decided reports, for each claim key, whether an outcome is recorded.
+func (r records) decided(ctx context.Context, ids []string) ([]bool, error) {
+	out := make([]bool, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	keys := make([]string, len(ids))
+	for i, id := range ids {
+		keys[i] = r.outcomeKey(id)
+	}
+	vals, err := r.rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		return nil, unavailable("read outcomes", err)
+	}
+	for i, v := range vals {
+		out[i] = v != nil
+	}
+	return out, nil
+}
+
 // classes reads the class records of rentals (missing ones are absent).
 func (r records) classes(ctx context.Context, ids []string) (map[string]classRecord, error) {
 	out := map[string]classRecord{}

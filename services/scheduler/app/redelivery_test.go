@@ -11,6 +11,7 @@ import (
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/subject"
+	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
@@ -95,5 +96,46 @@ func TestARequestDeliveredAgainIsScheduledOnce(t *testing.T) {
 	}
 	if held != rentals {
 		t.Errorf("store holds %d allocations, want %d", held, rentals)
+	}
+}
+
+// A request delivered again after its rental was scheduled, when the
+// cluster has no room left (the rental itself fills it), is not announced
+// pending: the rental is scheduled and its tenant sees nothing new.
+func TestADuplicateOfAScheduledRentalOnAFullClusterIsNotPending(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.register(gpuNode("node-0", 1, capacity.MarketOnDemand))
+	e.replica(testConfig(), time.Now)
+	o := e.watch()
+	ev := requested("dup", "tenant-p", spec(1, 1000, 8*1024, shizuv1.Plan_PLAN_ON_DEMAND), time.Now())
+	e.publish(ev)
+	testkit.Eventually(t, 20*time.Second, func() error {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if len(o.scheduled["dup"]) != 1 {
+			return fmt.Errorf("%d RentalScheduled", len(o.scheduled["dup"]))
+		}
+		return nil
+	})
+	again := proto.Clone(ev).(*shizuv1.RentalRequested)
+	again.Meta.EventId = "req:dup:again" // a distinct delivery of the same request
+	// A marker after it, on the same consumer: once it is decided, the
+	// duplicate before it has been handled.
+	marker := requested("marker", "tenant-p", spec(1, 1000, 8*1024, shizuv1.Plan_PLAN_ON_DEMAND), time.Now())
+	e.publish(again, marker)
+	testkit.Eventually(t, 20*time.Second, func() error {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if len(o.pending["marker"]) == 0 {
+			return fmt.Errorf("the marker is not pending yet")
+		}
+		return nil
+	})
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.pending["dup"]) != 0 || len(o.scheduled["dup"]) != 1 || len(o.rejected["dup"]) != 0 {
+		t.Fatalf("the scheduled rental's duplicate: %d pending, %d scheduled, %d rejected events; want only the one scheduled",
+			len(o.pending["dup"]), len(o.scheduled["dup"]), len(o.rejected["dup"]))
 	}
 }

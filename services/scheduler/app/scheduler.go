@@ -990,9 +990,26 @@ func (s *Scheduler) queueScheduled(ctx context.Context, b *bus.Batch, sched *shi
 // rejected; an on-demand or reserved request that evicting spot rentals
 // makes fit, preemption; otherwise pending with a capacity shortage.
 func (s *Scheduler) handleNoFit(ctx context.Context, b *bus.Batch, jobs []*job, now time.Time) {
+	// A request decided already (a duplicate delivery of a rental
+	// scheduled, rejected or cancelled meanwhile) is not pending: nothing
+	// to say.
+	keys := make([]string, len(jobs))
+	for i, j := range jobs {
+		keys[i] = claimKey(j.r.ID, j.attempt)
+	}
+	decided, err := s.rec.decided(ctx, keys)
+	if err != nil {
+		for _, j := range jobs {
+			j.err = err
+		}
+		return
+	}
 	var expired []*job
 	var pending []pendingEntry
-	for _, j := range jobs {
+	for i, j := range jobs {
+		if decided[i] {
+			continue
+		}
 		if now.After(j.deadline) {
 			expired = append(expired, j)
 			continue
