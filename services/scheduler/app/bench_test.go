@@ -40,7 +40,7 @@ import (
 //     shared machine the wall-clock rate follows the load of others; the
 //     CPU per request much less.
 func BenchmarkEndToEnd(b *testing.B) {
-	for _, pol := range []string{"fgd", "bestfit"} {
+	for _, pol := range []string{"shizu", "fgd", "bestfit"} {
 		for _, limit := range []int{64, 0} {
 			b.Run(fmt.Sprintf("policy=%s/candidates=%s", pol, map[bool]string{true: "all", false: fmt.Sprint(limit)}[limit == 0]), func(b *testing.B) {
 				benchEndToEnd(b, pol, limit)
