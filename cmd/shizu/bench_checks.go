@@ -557,7 +557,6 @@ func benchMetering(ctx context.Context, f benchEnvFactory, n int, step func(stri
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
 	cfg := metering.DefaultConfig()
-	cfg.Concurrency = 256
 	if err := cfg.Validate(); err != nil {
 		return benchResult{}, err
 	}
