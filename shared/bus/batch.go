@@ -2,7 +2,6 @@ package bus
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -82,23 +81,8 @@ func (c *Conn) ConsumeBatch(ctx context.Context, spec Consumer, h BatchHandlerFu
 		}()
 	}
 	pull := min(max(64, 2*opts.MaxBatch*opts.Concurrency), spec.MaxAckPending)
-	cc, err := cons.Consume(s.enqueue,
-		jetstream.PullMaxMessages(pull),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			c.log.Warn("consume error", "consumer", spec.Durable, "err", err)
-		}))
-	if err != nil {
-		s.stopWorkers()
-		return nil, fmt.Errorf("consume %s: %w", spec.Durable, err)
-	}
-	s.cc = cc
-	s.fwd, err = c.forwardExhausted(ctx, spec)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		c.log.Warn("deliveries the server gives up on will not be dead-lettered: stream missing; run shizu provision",
-			"consumer", spec.Durable, "stream", AdvisoryStream)
-	} else if err != nil {
-		_ = s.Drain(ctx)
-		return nil, fmt.Errorf("consume %s: %w", spec.Durable, err)
+	if err := c.pull(ctx, s, cons, spec, pull, true); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

@@ -209,27 +209,38 @@ func (c *Conn) consume(ctx context.Context, spec Consumer, router *Router, opts 
 			}
 		}()
 	}
+	if err := c.pull(ctx, s, cons, spec, max(64, 4*opts.Concurrency), forward); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// pull starts feeding s from cons (up to pull messages buffered by the
+// client) and, when forward is set, forwarding the deliveries the server
+// gives up on to the dead letters. On failure s is stopped.
+func (c *Conn) pull(ctx context.Context, s *Subscription, cons jetstream.Consumer, spec Consumer, pull int, forward bool) error {
 	cc, err := cons.Consume(s.enqueue,
-		jetstream.PullMaxMessages(max(64, 4*opts.Concurrency)),
+		jetstream.PullMaxMessages(pull),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			c.log.Warn("consume error", "consumer", spec.Durable, "err", err)
 		}))
 	if err != nil {
 		s.stopWorkers()
-		return nil, fmt.Errorf("consume %s: %w", spec.Durable, err)
+		return fmt.Errorf("consume %s: %w", spec.Durable, err)
 	}
 	s.cc = cc
-	if forward {
-		s.fwd, err = c.forwardExhausted(ctx, spec)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			c.log.Warn("deliveries the server gives up on will not be dead-lettered: stream missing; run shizu provision",
-				"consumer", spec.Durable, "stream", AdvisoryStream)
-		} else if err != nil {
-			_ = s.Drain(ctx)
-			return nil, fmt.Errorf("consume %s: %w", spec.Durable, err)
-		}
+	if !forward {
+		return nil
 	}
-	return s, nil
+	s.fwd, err = c.forwardExhausted(ctx, spec)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		c.log.Warn("deliveries the server gives up on will not be dead-lettered: stream missing; run shizu provision",
+			"consumer", spec.Durable, "stream", AdvisoryStream)
+	} else if err != nil {
+		_ = s.Drain(ctx)
+		return fmt.Errorf("consume %s: %w", spec.Durable, err)
+	}
+	return nil
 }
 
 func (s *Subscription) stopWorkers() {
