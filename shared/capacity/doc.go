@@ -41,7 +41,12 @@
 //	    gpus                       number of GPUs
 //	    g<i>.milli, g<i>.vram      GPU i: free milli-GPU, free VRAM MiB
 //	    g<i>.sharers, g<i>.max     GPU i: allocations on it, sharer limit
-//	    g<i>.mig                   GPU i: "1" if MIG-capable
+//	    g<i>.migmode               GPU i: "1" in MIG mode, "0" not (stores written
+//	                               before MIG mode was tracked have only g<i>.mig,
+//	                               MIG capability, read as not in MIG mode)
+//	    g<i>.mi.<uuid>             GPU i's MIG instance: "" free, else the holding rental
+//	    g<i>.health                GPU i: "degraded" | "failed" (absent when healthy;
+//	                               SetGPUHealth, kept across registrations)
 //	shizu:node:{<node>}:allocs   hash    rental id -> allocation JSON, for that node
 //	shizu:rentals                hash    rental id -> allocation JSON (the rental -> node index)
 //	shizu:nodes                  set     every registered node id
@@ -61,9 +66,10 @@
 //
 //	Register   node, allocs, nodes, version            (one script)
 //	Reserve    node, allocs, rentals, version          (one script)
-//	Release    rentals (read), then node, allocs,      (one script; re-checks the
-//	           rentals, version                         index inside and retries
-//	                                                    if the rental moved)
+//	Release    rentals (read), then node, allocs,      (one script; frees only the
+//	           rentals, version                         allocation the index still
+//	                                                    names, else follows the
+//	                                                    rental to its new node)
 //	HandOver   allocs, rentals, version                (one script; handover.go)
 //	ReleaseOn  node, allocs, rentals, version          (one script per rental,
 //	                                                    pipelined)

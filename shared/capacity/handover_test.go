@@ -115,3 +115,38 @@ func TestAFencedNodeReportsItsHandedOverAllocationsAndReleaseOnFreesOnlyThatNode
 		t.Fatalf("hand over without a node: %v", err)
 	}
 }
+
+// Release read the index (node a), and before its script ran the rental
+// was handed over and reserved on node b: the script on a must not free
+// a's handed-over copy in place of the live allocation. It says the
+// rental moved, and Release, following it, frees b's allocation only.
+func TestAReleaseOvertakenByAHandOverFreesTheLiveAllocationOnly(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := t.Context()
+	ea := mustRegister(t, s, gpuNode("a", 1))
+	eb := mustRegister(t, s, gpuNode("b", 1))
+	mustReserve(t, s, place("r1", "a", ea, share(0, 500, 1024)))
+	if _, err := s.HandOver(ctx, "r1", "a"); err != nil {
+		t.Fatal(err)
+	}
+	mustReserve(t, s, place("r1", "b", eb, share(0, 500, 1024)))
+
+	res, err := s.ReleaseLiveOn(ctx, "r1", "a") // the stale read's script
+	if err != nil || len(res) != 2 || res[0] != "moved" || res[1] != "b" {
+		t.Fatalf("release on the stale node = %v, %v; want moved to b", res, err)
+	}
+	if a := mustNode(t, s, "a"); len(a.Allocations) != 1 || !a.Allocations[0].HandingOver || a.FreeGPUs[0].Milli != 500 {
+		t.Fatalf("node a lost its handed-over copy: %+v", a)
+	}
+	released, err := s.Release(ctx, "r1")
+	if err != nil || !released {
+		t.Fatalf("release = %v, %v", released, err)
+	}
+	if b := mustNode(t, s, "b"); len(b.Allocations) != 0 || b.FreeGPUs[0].Milli != 1000 {
+		t.Fatalf("node b still holds the live allocation: %+v", b)
+	}
+	if a := mustNode(t, s, "a"); len(a.Allocations) != 1 {
+		t.Fatalf("Release freed node a's handed-over copy: %+v", a)
+	}
+}

@@ -170,12 +170,21 @@ return {'ok', redis.call('INCR', KEYS[4])}
 //
 // KEYS: node, allocs, rentals, version.
 // ARGV: rental id, the node id the caller found in the index, and
-// optionally "handover" to release only a handed-over copy (handover.go).
+// optionally a mode: "handover" releases only a handed-over copy
+// (handover.go); "live" only the allocation the index names (Release: the
+// rental may have been handed over and reserved elsewhere since the caller
+// read the index, and the copy left here is not the caller's to free); none
+// releases whatever this node holds for the rental (ReleaseOn).
 // Reply: {'ok', version}, {'none'} (nothing to release), {'moved', node id}
 // (the rental now lives on another node: look it up again).
 var releaseScript = redis.NewScript(luaHelpers + `
 local rec = redis.call('HGET', KEYS[2], ARGV[1])
 if ARGV[3] == 'handover' and not (rec and string.sub(rec, 1, 17) == '{"handover":true,') then return {'none'} end
+if ARGV[3] == 'live' and rec then
+  local idx = redis.call('HGET', KEYS[3], ARGV[1])
+  if not idx then return {'none'} end
+  if idx ~= rec then return {'moved', cjson.decode(idx).node_id} end
+end
 if not rec then
   local idx = redis.call('HGET', KEYS[3], ARGV[1])
   if not idx then return {'none'} end

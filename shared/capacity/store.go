@@ -326,7 +326,7 @@ func (s *Store) Release(ctx context.Context, rentalID string) (released bool, er
 		}
 		res, err := s.run(ctx, op, releaseScript,
 			[]string{s.keys.node(a.NodeID), s.keys.allocs(a.NodeID), s.keys.rentals(), s.keys.version()},
-			rentalID, a.NodeID)
+			rentalID, a.NodeID, "live")
 		if err != nil {
 			return false, err
 		}

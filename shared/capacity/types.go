@@ -5,6 +5,10 @@ import "time"
 // MilliPerGPU is the capacity of one GPU in milli-GPU.
 const MilliPerGPU = 1000
 
+// MaxMIGInstances is the most MIG instances one GPU can have (seven
+// compute slices).
+const MaxMIGInstances = 7
+
 // DefaultMaxSharers is the number of allocations one GPU may hold at once
 // when GPU.MaxSharers is 0.
 const DefaultMaxSharers = 4

@@ -108,6 +108,9 @@ func (n Node) Validate() error {
 		if len(g.MIGInstances) > 0 && !g.MIGEnabled {
 			p.addf(f+".MIGInstances", "%d instances on a GPU not in MIG mode", len(g.MIGInstances))
 		}
+		if len(g.MIGInstances) > MaxMIGInstances {
+			p.addf(f+".MIGInstances", "%d instances; a GPU has at most %d", len(g.MIGInstances), MaxMIGInstances)
+		}
 		for k, m := range g.MIGInstances {
 			mf := fmt.Sprintf("%s.MIGInstances[%d]", f, k)
 			if m.UUID == "" || strings.ContainsAny(m.UUID, " \t\n") {

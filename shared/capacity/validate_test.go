@@ -1,6 +1,7 @@
 package capacity_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -54,6 +55,12 @@ func TestNodeValidate(t *testing.T) {
 			n.GPUs[0].MIGInstances = []capacity.MIGInstance{{UUID: "", Profile: "1g.10gb"}, {UUID: "MIG-a", Profile: ""}}
 			n.GPUs[1].MIGInstances = []capacity.MIGInstance{{UUID: "MIG-a", Profile: "1g.10gb"}}
 		}, []string{"GPUs[0].MIGInstances[0].UUID:", "GPUs[0].MIGInstances[1].Profile:", "GPUs[1].MIGInstances[0].UUID:"}},
+		{"more MIG instances than a GPU can have are refused (Register would fail half-way in Lua)", func(n *capacity.Node) {
+			n.GPUs[1].MIGEnabled = true
+			for k := range capacity.MaxMIGInstances + 1 {
+				n.GPUs[1].MIGInstances = append(n.GPUs[1].MIGInstances, capacity.MIGInstance{UUID: fmt.Sprintf("MIG-%d", k), Profile: "1g.10gb"})
+			}
+		}, []string{"GPUs[1].MIGInstances: 8 instances; a GPU has at most 7"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

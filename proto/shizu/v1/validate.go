@@ -513,6 +513,9 @@ func (m *Gpu) Validate() error {
 	if !m.GetMigCapable() && len(m.GetMigInstances()) > 0 {
 		p.addf("mig_instances", "%d instances on a GPU that is not mig_capable", len(m.GetMigInstances()))
 	}
+	if n := len(m.GetMigInstances()); n > 7 {
+		p.addf("mig_instances", "%d instances; a GPU has at most 7 (one per compute slice)", n)
+	}
 	for i, mig := range m.GetMigInstances() {
 		p.nest(fmt.Sprintf("mig_instances[%d]", i), mig.Validate())
 	}

@@ -2,6 +2,7 @@ package shizuv1
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -265,6 +266,12 @@ func TestEventValidationRejectsBadInputWithTheFieldPath(t *testing.T) {
 			m.Gpus[0].MigCapable = false
 			m.Gpus[0].MigInstances = []*MigInstance{{Uuid: "MIG-1", Profile: "1g.10gb", VramMib: 9856}}
 		}), "gpus[0].mig_instances: 1 instances on a GPU that is not mig_capable"},
+		{"more than 7 MIG instances on a GPU are rejected", with(validNodeRegistered(), func(m *NodeRegistered) {
+			m.Gpus[0].MigCapable = true
+			for k := range 8 {
+				m.Gpus[0].MigInstances = append(m.Gpus[0].MigInstances, &MigInstance{Uuid: fmt.Sprintf("MIG-%d", k), Profile: "1g.10gb", VramMib: 9856})
+			}
+		}), "gpus[0].mig_instances: 8 instances; a GPU has at most 7"},
 		{"an NVLink peer that does not exist is rejected", with(validNodeRegistered(), func(m *NodeRegistered) { m.Gpus[0].NvlinkPeers = []int32{1, 7} }), "gpus[0].nvlink_peers[1]: 7 is not a GPU of this node"},
 		{"a one-way NVLink peer is rejected", with(validNodeRegistered(), func(m *NodeRegistered) { m.Gpus[1].NvlinkPeers = nil }), "gpus[0].nvlink_peers[0]: GPU 0 lists 1 as a peer"},
 		{"a GPU linked to itself is rejected", with(validNodeRegistered(), func(m *NodeRegistered) { m.Gpus[0].NvlinkPeers = []int32{0, 1} }), "gpus[0].nvlink_peers[0]: 0 is the GPU itself"},
