@@ -45,6 +45,7 @@
 //	                               before MIG mode was tracked have only g<i>.mig,
 //	                               MIG capability, read as not in MIG mode)
 //	    g<i>.mi.<uuid>             GPU i's MIG instance: "" free, else the holding rental
+//	    g<i>.mip.<uuid>            that instance's profile (a MIG share must match it)
 //	    g<i>.health                GPU i: "degraded" | "failed" (absent when healthy;
 //	                               SetGPUHealth, kept across registrations)
 //	shizu:node:{<node>}:allocs   hash    rental id -> allocation JSON, for that node

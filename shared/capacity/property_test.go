@@ -162,7 +162,8 @@ func (m *model) reserve(p capacity.Placement) (capacity.Placement, bool, expecte
 			return p, false, expected{err: capacity.ErrInvalid}
 		case g.MIGProfile != "" && !n.spec.GPUs[i].MIGEnabled,
 			g.MIGProfile != "" && !hasInstance(n.spec.GPUs[i], g.MIGInstance),
-			g.MIGProfile == "" && n.spec.GPUs[i].MIGEnabled:
+			g.MIGProfile == "" && n.spec.GPUs[i].MIGEnabled,
+			g.MIGProfile != "" && instanceProfile(n.spec.GPUs[i], g.MIGInstance) != g.MIGProfile:
 			return p, false, expected{err: capacity.ErrConflict}
 		case g.MIGProfile != "" && held[g.MIGInstance]:
 			return short(i, capacity.ResourceMIGInstance, 0, 1)
@@ -177,6 +178,15 @@ func (m *model) reserve(p capacity.Placement) (capacity.Placement, bool, expecte
 	n.allocs[p.RentalID] = p
 	m.rentals[p.RentalID] = p.NodeID
 	return p, false, expected{}
+}
+
+func instanceProfile(g capacity.GPU, uuid string) string {
+	for _, m := range g.MIGInstances {
+		if m.UUID == uuid {
+			return m.Profile
+		}
+	}
+	return ""
 }
 
 func hasInstance(g capacity.GPU, uuid string) bool {
@@ -347,7 +357,7 @@ func TestStoreMatchesModel(t *testing.T) {
 					VRAMMiB: rapid.Int64Range(0, 50*1024).Draw(rt, "vram"),
 				}
 				if rapid.IntRange(0, 3).Draw(rt, "mig") == 0 {
-					g.MIGProfile = "1g.10gb"
+					g.MIGProfile = rapid.SampledFrom([]string{"1g.10gb", "2g.20gb"}).Draw(rt, "profile")
 					g.MIGInstance = "MIG-" + nodeID + "-" + rapid.SampledFrom([]string{"1a", "1b", "1c", "0a"}).Draw(rt, "instance")
 				}
 				p.GPUs = append(p.GPUs, g)

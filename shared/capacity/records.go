@@ -322,6 +322,9 @@ func setGPUField(gpus *[]FreeGPU, k, v string) error {
 		*gpus = append(*gpus, FreeGPU{Index: len(*gpus)})
 	}
 	g := &(*gpus)[i]
+	if strings.HasPrefix(k[dot+1:], "mip.") {
+		return nil // a MIG instance's profile: in the spec
+	}
 	if uuid, ok := strings.CutPrefix(k[dot+1:], "mi."); ok {
 		if v == "" {
 			g.FreeMIGInstances = append(g.FreeMIGInstances, uuid)

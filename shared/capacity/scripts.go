@@ -23,12 +23,12 @@ local function fmt(x) return string.format('%d', x) end
 // KEYS: node, allocs, nodes, version.
 // ARGV: node id, spec JSON, cpu milli, memory MiB, GPU count n, then n
 // groups of (VRAM MiB, max sharers, "1" if in MIG mode), then the MIG
-// instance count m and m pairs (GPU index, instance UUID).
+// instance count m and m triples (GPU index, instance UUID, profile).
 // A GPU's MIG mode is field g<i>.migmode ("1" or "0"; stores written
 // before MIG mode was tracked have only g<i>.mig, MIG capability, and are
 // read as not in MIG mode until the node registers again); its MIG
 // instances are fields g<i>.mi.<uuid>: empty when free, else the holding
-// rental id.
+// rental id; g<i>.mip.<uuid> is the instance's profile.
 // Reply: {'ok', epoch, status, changed 0|1} or
 // {'misfit', rental id, resource, GPU index, value} when a live allocation
 // does not fit the new facts.
@@ -53,9 +53,11 @@ for i = 0, n - 1 do
   max[i] = tonumber(ARGV[b + 1])
   mig[i] = ARGV[b + 2]
 end
-local inst, mb = {}, 6 + 3 * n
+local inst, prof, mb = {}, {}, 6 + 3 * n
 for k = 1, tonumber(ARGV[mb]) do
-  inst['g' .. ARGV[mb + 2 * k - 1] .. '.mi.' .. ARGV[mb + 2 * k]] = ''
+  local a = mb + 3 * k - 2
+  inst['g' .. ARGV[a] .. '.mi.' .. ARGV[a + 1]] = ''
+  prof['g' .. ARGV[a] .. '.mip.' .. ARGV[a + 1]] = ARGV[a + 2]
 end
 for _, raw in ipairs(redis.call('HVALS', KEYS[2])) do
   local a = cjson.decode(raw)
@@ -92,6 +94,7 @@ for i = 0, n - 1 do
   table.insert(f, p .. 'migmode'); table.insert(f, mig[i])
 end
 for field, holder in pairs(inst) do table.insert(f, field); table.insert(f, holder) end
+for field, profile in pairs(prof) do table.insert(f, field); table.insert(f, profile) end
 -- GPU health marks (SetGPUHealth) outlive a registration.
 for i = 0, n - 1 do
   local h = redis.call('HGET', KEYS[1], 'g' .. fmt(i) .. '.health')
@@ -108,13 +111,14 @@ return {'ok', epoch, status, 1}
 //
 // KEYS: node, allocs, rentals, version.
 // ARGV: rental id, epoch, cpu milli, memory MiB, allocation JSON, share
-// count n, then n groups of (GPU index, milli, VRAM MiB, "1" if MIG, MIG
-// instance UUID or an empty string).
+// count n, then n groups of (GPU index, milli, VRAM MiB, MIG profile or an
+// empty string, MIG instance UUID or an empty string).
 // Reply: {'ok', version}, {'existing', allocation JSON}, {'not_found'},
 // {'dead', epoch}, {'epoch', epoch}, {'not_ready', status},
 // {'short', GPU index or '-1', resource, free, want}, {'no_gpu', index, count},
 // {'not_mig', index}, {'mig_mode', index}, {'no_instance', index, uuid},
-// {'unhealthy', index, health}, {'handing_over'} (the node still holds the
+// {'wrong_profile', index, uuid, profile}, {'unhealthy', index, health},
+// {'handing_over'} (the node still holds the
 // rental's handed-over previous run).
 var reserveScript = redis.NewScript(luaHelpers + `
 local existing = redis.call('HGET', KEYS[3], ARGV[1])
@@ -126,7 +130,8 @@ local n = tonumber(ARGV[6])
 local fields = {'status', 'epoch', 'cpu_free', 'mem_free', 'gpus'}
 for j = 0, n - 1 do
   local p = 'g' .. ARGV[7 + 5 * j] .. '.'
-  for _, f in ipairs({'milli', 'vram', 'sharers', 'max', 'migmode', 'health', 'mi.' .. ARGV[11 + 5 * j]}) do fields[#fields + 1] = p .. f end
+  local u = ARGV[11 + 5 * j]
+  for _, f in ipairs({'milli', 'vram', 'sharers', 'max', 'migmode', 'health', 'mi.' .. u, 'mip.' .. u}) do fields[#fields + 1] = p .. f end
 end
 local v = redis.call('HMGET', KEYS[1], unpack(fields))
 if not v[1] then return {'not_found'} end
@@ -139,13 +144,15 @@ if mem < 0 then return {'short', '-1', 'memory_mib', v[4], ARGV[4]} end
 local set = {'cpu_free', fmt(cpu), 'mem_free', fmt(mem)}
 local count = tonumber(v[5])
 for j = 0, n - 1 do
-  local b, o = 7 + 5 * j, 6 + 7 * j
+  local b, o = 7 + 5 * j, 6 + 8 * j
   local i = ARGV[b]
   if tonumber(i) >= count then return {'no_gpu', i, v[5]} end
   if v[o + 5] then return {'unhealthy', i, v[o + 5]} end
-  if ARGV[b + 3] == '1' then
+  if ARGV[b + 3] ~= '' then
     if v[o + 4] ~= '1' then return {'not_mig', i} end
     if not v[o + 6] then return {'no_instance', i, ARGV[b + 4]} end
+    -- (a store registered before profiles were kept has none: not checked)
+    if v[o + 7] and v[o + 7] ~= ARGV[b + 3] then return {'wrong_profile', i, ARGV[b + 4], v[o + 7]} end
     if v[o + 6] ~= '' then return {'short', i, 'mig_instance', '0', '1'} end
     set[#set + 1] = fields[o + 6]; set[#set + 1] = ARGV[1]
   elseif v[o + 4] == '1' then

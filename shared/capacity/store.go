@@ -149,10 +149,10 @@ func (s *Store) Register(ctx context.Context, n Node) (uint64, error) {
 	for _, g := range n.GPUs {
 		args = append(args, g.VRAMMiB, g.EffectiveMaxSharers(), flag(g.MIGEnabled))
 		for _, m := range g.MIGInstances {
-			instances = append(instances, g.Index, m.UUID)
+			instances = append(instances, g.Index, m.UUID, m.Profile)
 		}
 	}
-	args = append(args, len(instances)/2)
+	args = append(args, len(instances)/3)
 	args = append(args, instances...)
 	res, err := s.run(ctx, op, registerScript,
 		[]string{s.keys.node(n.ID), s.keys.allocs(n.ID), s.keys.nodes(), s.keys.version()}, args...)
@@ -246,7 +246,7 @@ func (s *Store) reserveCall(p Placement) (reserveCall, error) {
 	args := make([]any, 0, 6+5*len(p.GPUs))
 	args = append(args, p.RentalID, p.Epoch, p.CPUMilli, p.MemoryMiB, raw, len(p.GPUs))
 	for _, g := range p.GPUs {
-		args = append(args, g.Index, g.Milli, g.VRAMMiB, flag(g.MIGProfile != ""), g.MIGInstance)
+		args = append(args, g.Index, g.Milli, g.VRAMMiB, g.MIGProfile, g.MIGInstance)
 	}
 	return reserveCall{op: op, p: p, created: created, args: args,
 		keys: []string{s.keys.node(p.NodeID), s.keys.allocs(p.NodeID), s.keys.rentals(), s.keys.version()}}, nil
@@ -290,6 +290,8 @@ func (c reserveCall) outcome(res []any) (Allocation, error) {
 		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s is in MIG mode and takes only MIG shares", op, ErrConflict, str(res[1]))
 	case "no_instance":
 		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s has no MIG instance %s", op, ErrConflict, str(res[1]), str(res[2]))
+	case "wrong_profile":
+		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s's MIG instance %s is a %s, not the share's profile", op, ErrConflict, str(res[1]), str(res[2]), str(res[3]))
 	case "unhealthy":
 		return Allocation{}, fmt.Errorf("capacity: %s: %w: GPU %s is %s", op, ErrConflict, str(res[1]), str(res[2]))
 	case "handing_over":

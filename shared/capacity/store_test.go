@@ -308,6 +308,11 @@ func TestReserve(t *testing.T) {
 			wantErr: capacity.ErrConflict,
 		},
 		{
+			name:    "a MIG slice naming an instance of another profile is a conflict",
+			place:   place("r1", "m1", 1, migShare(1, "MIG-m1-1b")), // 1b is a 3g.40gb
+			wantErr: capacity.ErrConflict,
+		},
+		{
 			name: "a MIG instance held by another rental is insufficient",
 			setup: func(t *testing.T, s *capacity.Store) {
 				mustReserve(t, s, place("r0", "m1", 1, migShare(1, "MIG-m1-1a")))
