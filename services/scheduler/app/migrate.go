@@ -7,6 +7,7 @@ import (
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/fault"
 )
 
 // onMigrating places a rental that failover moves off a lost node (or a
@@ -20,6 +21,14 @@ import (
 // it leaves.
 func (s *Scheduler) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating, _ bus.Delivery) error {
 	id := ev.GetRentalId()
+	// Failover sends attempt 0 and no spec when it never saw the rental
+	// scheduled. Without them a placement could neither be told from an
+	// earlier one (attempt 0 shares attempt 1's outcome) nor made: the
+	// event is dead-lettered with the reason, for an operator.
+	if ev.GetNextAttempt() < 2 || ev.GetSpec() == nil {
+		return fault.Invalid("rental %s: RentalMigrating with next_attempt %d and %s cannot be placed again (failover did not know the rental's placement)",
+			id, ev.GetNextAttempt(), map[bool]string{true: "a spec", false: "no spec"}[ev.GetSpec() != nil])
+	}
 	if newer, err := s.rec.placedAfter(ctx, id, ev.GetNextAttempt()); err != nil {
 		return err
 	} else if newer {

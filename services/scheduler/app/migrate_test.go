@@ -3,12 +3,14 @@ package app_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -85,5 +87,41 @@ func TestAMigratingRentalIsPlacedAgainElsewhereAsItsNextAttempt(t *testing.T) {
 	}
 	if a, err := e.store.Allocation(t.Context(), "m1"); err != nil || a.NodeID != "n2" {
 		t.Fatalf("after the old run's stop: %+v %v", a, err)
+	}
+}
+
+// Failover sends next_attempt 0 and no spec when it never saw the rental
+// scheduled: the scheduler cannot place such a move (attempt 0 would share
+// attempt 1's outcome) and dead-letters it with the reason instead of
+// acknowledging it silently.
+func TestAMigratingRentalWithoutItsAttemptAndSpecIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.register(gpuNode("n1", 1, capacity.MarketOnDemand))
+	e.replica(testConfig(), time.Now)
+	sp := spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND)
+	e.publish(requested("u1", "acme", sp, time.Now()))
+	var first *shizuv1.RentalScheduled
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { first, err = scheduledOf(o, "u1"); return })
+	blind := migrating(first, nil)
+	blind.FromAttempt, blind.NextAttempt = 0, 0
+	e.publish(blind)
+	js := e.admin.JetStream()
+	testkit.Eventually(t, 20*time.Second, func() error {
+		stream, err := js.Stream(t.Context(), topology.StreamDeadLetter)
+		if err != nil {
+			return err
+		}
+		m, err := stream.GetLastMsgForSubject(t.Context(), "dlq.RENTALS.scheduler")
+		if err != nil {
+			return err
+		}
+		if reason := m.Header.Get(bus.HeaderDLQReason); !strings.Contains(reason, "cannot be placed again") {
+			return fmt.Errorf("dead letter reason %q", reason)
+		}
+		return nil
+	})
+	if a, err := e.store.Allocation(t.Context(), "u1"); err != nil || a.NodeID != "n1" {
+		t.Fatalf("the dead-lettered move changed the allocation: %+v %v", a, err)
 	}
 }
