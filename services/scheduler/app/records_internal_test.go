@@ -58,3 +58,30 @@ func TestAReservationAnnouncedByAnotherReplicaIsKept(t *testing.T) {
 		t.Fatalf("outcome = %q, %v", got, err)
 	}
 }
+
+// A redelivery that got back, as Existing, an allocation reserved after
+// the announced one was released (another replica reserved it fresh and
+// gives it back) does not keep it: the token, not Existing, decides.
+func TestAnExistingAllocationOtherThanTheAnnouncedOneIsGivenBack(t *testing.T) {
+	t.Parallel()
+	rdb := testkit.StartRedis(t).Client(t)
+	rec := records{rdb: rdb, prefix: "t", ttl: time.Hour}
+	created := time.Unix(1_700_000_000, 0)
+	announced := capacity.Allocation{Placement: capacity.Placement{RentalID: "r1", NodeID: "n1"}, CreatedAt: created}
+	later := capacity.Allocation{Placement: capacity.Placement{RentalID: "r1", NodeID: "n2"}, CreatedAt: created.Add(time.Hour), Existing: true}
+	if _, err := rec.claim(t.Context(), []string{"r1"}, outcomeScheduled, []string{allocToken(announced)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c, err := rec.claim(t.Context(), []string{"r1"}, outcomeScheduled, []string{allocToken(later)}, nil)
+	if err != nil || keepReservation(c[0], later) {
+		t.Fatalf("an Existing allocation other than the announced one is kept: %+v, %v", c, err)
+	}
+	// An outcome recorded before outcomes named their allocation: Existing decides.
+	if err := rdb.Set(t.Context(), rec.outcomeKey("r2"), outcomeScheduled, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	old, err := rec.claim(t.Context(), []string{"r2"}, outcomeScheduled, []string{allocToken(later)}, nil)
+	if err != nil || !keepReservation(old[0], later) {
+		t.Fatalf("a redelivery under an untokened outcome lost its Existing allocation: %+v, %v", old, err)
+	}
+}

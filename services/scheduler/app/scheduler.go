@@ -905,7 +905,9 @@ func (s *Scheduler) recordScheduled(ctx context.Context, b *bus.Batch, ok []*job
 		if j.err = s.queueScheduled(ctx, b, sched); j.err != nil {
 			continue
 		}
-		s.metrics.outcome(ctx, "scheduled")
+		if outcomes[i].Won { // a redelivery publishes again but is not a new outcome
+			s.metrics.outcome(ctx, "scheduled")
+		}
 	}
 	return fixes
 }
@@ -922,9 +924,14 @@ func keepReservation(c claimed, a capacity.Allocation) bool {
 	switch {
 	case c.Outcome != outcomeScheduled:
 		return false
-	case c.Won || a.Existing:
+	case c.Won:
 		return true
+	case c.Alloc == "": // recorded before outcomes named their allocation
+		return a.Existing
 	default:
+		// An Existing allocation carries the stored creation time, so a
+		// true redelivery matches; one reserved after the announced
+		// allocation was released does not, Existing or not.
 		return c.Alloc == allocToken(a)
 	}
 }
