@@ -55,6 +55,8 @@ type Config struct {
 	KeyPrefix string
 	// OutcomeTTL is how long a rental's outcome record is kept.
 	OutcomeTTL time.Duration
+
+	envErrs []error // SHIZU_SCHEDULER_* values that did not parse
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -72,14 +74,14 @@ func DefaultConfig() Config {
 // service.Main). Each defaults to its SHIZU_SCHEDULER_* environment variable.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Policy, "policy", env("SHIZU_SCHEDULER_POLICY", c.Policy), "placement policy: shizu, fgd, bestfit, firstfit, random, dotprod, packing, clustering")
-	fs.IntVar(&c.MaxCandidates, "max-candidates", envInt("SHIZU_SCHEDULER_MAX_CANDIDATES", c.MaxCandidates), "feasible nodes scored per decision (0 = all)")
-	fs.IntVar(&c.BatchSize, "batch-size", envInt("SHIZU_SCHEDULER_BATCH_SIZE", c.BatchSize), "most requests placed per round")
-	fs.IntVar(&c.Concurrency, "concurrency", envInt("SHIZU_SCHEDULER_CONCURRENCY", c.Concurrency), "deliveries in flight")
-	fs.IntVar(&c.CommitWorkers, "commit-workers", envInt("SHIZU_SCHEDULER_COMMIT_WORKERS", c.CommitWorkers), "parallel reserves")
-	fs.DurationVar(&c.PendingTimeout, "pending-timeout", envDur("SHIZU_SCHEDULER_PENDING_TIMEOUT", c.PendingTimeout), "reject requests pending longer")
-	fs.DurationVar(&c.PendingRetry, "pending-retry", envDur("SHIZU_SCHEDULER_PENDING_RETRY", c.PendingRetry), "retry pending requests this often")
-	fs.DurationVar(&c.PreemptionNotice, "preemption-notice", envDur("SHIZU_SCHEDULER_PREEMPTION_NOTICE", c.PreemptionNotice), "notice given to preempted spot rentals")
-	fs.DurationVar(&c.SnapshotMaxAge, "snapshot-max-age", envDur("SHIZU_SCHEDULER_SNAPSHOT_MAX_AGE", c.SnapshotMaxAge), "re-read the store when the view is older and the store moved")
+	fs.IntVar(&c.MaxCandidates, "max-candidates", c.envInt("SHIZU_SCHEDULER_MAX_CANDIDATES", c.MaxCandidates), "feasible nodes scored per decision (0 = all)")
+	fs.IntVar(&c.BatchSize, "batch-size", c.envInt("SHIZU_SCHEDULER_BATCH_SIZE", c.BatchSize), "most requests placed per round")
+	fs.IntVar(&c.Concurrency, "concurrency", c.envInt("SHIZU_SCHEDULER_CONCURRENCY", c.Concurrency), "deliveries in flight")
+	fs.IntVar(&c.CommitWorkers, "commit-workers", c.envInt("SHIZU_SCHEDULER_COMMIT_WORKERS", c.CommitWorkers), "parallel reserves")
+	fs.DurationVar(&c.PendingTimeout, "pending-timeout", c.envDur("SHIZU_SCHEDULER_PENDING_TIMEOUT", c.PendingTimeout), "reject requests pending longer")
+	fs.DurationVar(&c.PendingRetry, "pending-retry", c.envDur("SHIZU_SCHEDULER_PENDING_RETRY", c.PendingRetry), "retry pending requests this often")
+	fs.DurationVar(&c.PreemptionNotice, "preemption-notice", c.envDur("SHIZU_SCHEDULER_PREEMPTION_NOTICE", c.PreemptionNotice), "notice given to preempted spot rentals")
+	fs.DurationVar(&c.SnapshotMaxAge, "snapshot-max-age", c.envDur("SHIZU_SCHEDULER_SNAPSHOT_MAX_AGE", c.SnapshotMaxAge), "re-read the store when the view is older and the store moved")
 	fs.StringVar(&c.KeyPrefix, "key-prefix", env("SHIZU_SCHEDULER_KEY_PREFIX", c.KeyPrefix), "capacity store Redis key prefix")
 }
 
@@ -90,23 +92,37 @@ func env(k, def string) string {
 	return def
 }
 
-func envInt(k string, def int) int {
-	if n, err := strconv.Atoi(env(k, "")); err == nil {
-		return n
+// envInt and envDur read a default from the environment; a value that
+// does not parse is reported by Validate, not silently replaced.
+func (c *Config) envInt(k string, def int) int {
+	v, ok := os.LookupEnv(k)
+	if !ok {
+		return def
 	}
-	return def
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a whole number", k, v))
+		return def
+	}
+	return n
 }
 
-func envDur(k string, def time.Duration) time.Duration {
-	if d, err := time.ParseDuration(env(k, "")); err == nil {
-		return d
+func (c *Config) envDur(k string, def time.Duration) time.Duration {
+	v, ok := os.LookupEnv(k)
+	if !ok {
+		return def
 	}
-	return def
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a duration (e.g. 15s)", k, v))
+		return def
+	}
+	return d
 }
 
 // Validate reports every problem in the configuration.
 func (c Config) Validate() error {
-	var errs []error
+	errs := append([]error(nil), c.envErrs...)
 	if p, err := placement.ParsePolicy(c.Policy); err != nil {
 		errs = append(errs, fmt.Errorf("scheduler.policy: %w", err))
 	} else if p == placement.PolicyFixed {
@@ -129,6 +145,9 @@ func (c Config) Validate() error {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("scheduler.%s: must be positive, got %s", name, d))
 		}
+	}
+	if c.OutcomeTTL > 0 && c.OutcomeTTL < time.Second {
+		errs = append(errs, fmt.Errorf("scheduler.outcome-ttl: must be at least 1s (Redis expires keys in whole seconds), got %s", c.OutcomeTTL))
 	}
 	if c.KeyPrefix == "" {
 		errs = append(errs, errors.New("scheduler.key-prefix: must not be empty"))
