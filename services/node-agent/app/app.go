@@ -79,6 +79,8 @@ type Config struct {
 	Fleet *simgpu.Fleet
 	// Now is the clock (default time.Now). Not a flag.
 	Now func() time.Time
+
+	envErrs []error // SHIZU_* values that did not parse
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -104,6 +106,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		if v, ok := os.LookupEnv(env); ok {
 			if d, err := time.ParseDuration(v); err == nil {
 				*p = d
+			} else {
+				c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a duration (e.g. 15s)", env, v))
 			}
 		}
 		fs.DurationVar(p, name, *p, fmt.Sprintf("%s [%s]", usage, env))
@@ -112,6 +116,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		if v, ok := os.LookupEnv(env); ok {
 			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 				*p = n
+			} else {
+				c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a whole number", env, v))
 			}
 		}
 		fs.Int64Var(p, name, *p, fmt.Sprintf("%s [%s]", usage, env))
@@ -145,7 +151,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 
 // Validate reports every problem in the configuration.
 func (c Config) Validate() error {
-	var errs []error
+	errs := append([]error(nil), c.envErrs...)
 	if err := c.Service.Validate(); err != nil {
 		errs = append(errs, err)
 	}

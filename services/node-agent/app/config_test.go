@@ -77,3 +77,20 @@ func TestASimulatedNoticeNeedsASimulatedHost(t *testing.T) {
 		t.Fatal("a negative lead was accepted")
 	}
 }
+
+// An environment value that does not parse is reported, naming the
+// variable: SHIZU_SIMULATE_NOTICE_LEAD=45 (no unit) used to leave the lead
+// at 0, so the SIGUSR1 a harness then sent killed the agent.
+func TestEnvironmentValuesThatDoNotParseAreReported(t *testing.T) {
+	t.Setenv("SHIZU_SIMULATE_NOTICE_LEAD", "45")
+	t.Setenv("SHIZU_CPU_MILLI", "many")
+	cfg := DefaultConfig()
+	cfg.RegisterFlags(flag.NewFlagSet("node-agent", flag.ContinueOnError))
+	cfg.NodeID, cfg.Simulate = "gpu-1", "a100x8"
+	err := cfg.Validate()
+	for _, want := range []string{`SHIZU_SIMULATE_NOTICE_LEAD: "45" is not a duration`, `SHIZU_CPU_MILLI: "many" is not a whole number`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v; want it to say %q", err, want)
+		}
+	}
+}
