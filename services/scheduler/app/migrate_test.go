@@ -125,3 +125,46 @@ func TestAMigratingRentalWithoutItsAttemptAndSpecIsDeadLettered(t *testing.T) {
 		t.Fatalf("the dead-lettered move changed the allocation: %+v %v", a, err)
 	}
 }
+
+// A tenant cancels while failover moves the rental: the lost run's
+// allocation is already released and the next attempt not placed. The
+// cancel is kept for that attempt: it is never started, its reservation is
+// given back, and the tenant hears the rental is cancelled.
+func TestACancelDuringAMoveStopsTheNextAttempt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.register(gpuNode("n1", 1, capacity.MarketOnDemand))
+	e.replica(testConfig(), time.Now)
+	sp := spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND)
+	e.publish(requested("c1", "acme", sp, time.Now()))
+	var first *shizuv1.RentalScheduled
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { first, err = scheduledOf(o, "c1"); return })
+
+	// Failover fences n1 and releases the lost run; the cancel arrives
+	// before the move is placed.
+	if _, err := e.store.Fence(t.Context(), "n1", uint64(first.GetNodeEpoch())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Release(t.Context(), "c1"); err != nil {
+		t.Fatal(err)
+	}
+	e.register(gpuNode("n2", 2, capacity.MarketOnDemand))
+	e.publish(cancel("c1", "acme"))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
+		if len(o.rejected["c1"]) != 1 || o.rejected["c1"][0].GetReason() != shizuv1.RejectReason_REJECT_REASON_CANCELLED {
+			return errors.New("no cancellation announced")
+		}
+		return nil
+	})
+	e.publish(migrating(first, sp), requested("after", "acme", sp, time.Now()))
+	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { _, err = scheduledOf(o, "after"); return })
+	e.seen.mu.Lock()
+	scheduled, starts := len(e.seen.scheduled["c1"]), e.seen.starts["c1"]
+	e.seen.mu.Unlock()
+	if scheduled != 1 || starts != 1 {
+		t.Fatalf("the cancelled rental was placed again: %d RentalScheduled, %d starts", scheduled, starts)
+	}
+	if a, err := e.store.Allocation(t.Context(), "c1"); !capacity.IsNotFound(err) {
+		t.Fatalf("the cancelled rental holds %+v, %v", a, err)
+	}
+}

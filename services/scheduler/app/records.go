@@ -218,6 +218,16 @@ func (r records) classes(ctx context.Context, ids []string) (map[string]classRec
 }
 
 // forget drops a released rental's class record.
+// placed reports whether a rental has a class record: it was placed and
+// its stop has not been handled (a rental between two attempts keeps it).
+func (r records) placed(ctx context.Context, id string) (bool, error) {
+	ok, err := r.rdb.HExists(ctx, r.classKey(), id).Result()
+	if err != nil {
+		return false, unavailable("read class", err)
+	}
+	return ok, nil
+}
+
 func (r records) forget(ctx context.Context, id string) error {
 	if err := r.rdb.HDel(ctx, r.classKey(), id).Err(); err != nil {
 		return unavailable("forget class", err)

@@ -344,7 +344,11 @@ func (s *Scheduler) onCancel(ctx context.Context, ev *shizuv1.RentalCancelReques
 	case outcomeScheduled:
 		a, err := s.d.Store.Allocation(ctx, ev.GetRentalId())
 		if capacity.IsNotFound(err) {
-			return nil // already stopped and released
+			// Stopped and released, or between two attempts: failover
+			// released the lost run and the next one is not placed yet.
+			// Its outcome is claimed as cancelled, so that placement gives
+			// its reservation back instead of starting it.
+			return s.cancelNextAttempt(ctx, ev)
 		}
 		if err != nil {
 			return err
@@ -368,6 +372,35 @@ func (s *Scheduler) onCancel(ctx context.Context, ev *shizuv1.RentalCancelReques
 		return nil // rejected already
 	}
 	_, err = b.Wait(ctx)
+	return err
+}
+
+// cancelNextAttempt records a cancel for the attempt after a rental's
+// current one. When the rental was being moved, the tenant hears the
+// rental is cancelled; when it had stopped, nothing will ever place that
+// attempt and the record only expires.
+func (s *Scheduler) cancelNextAttempt(ctx context.Context, ev *shizuv1.RentalCancelRequested) error {
+	attempt, err := s.rec.currentAttempt(ctx, ev.GetRentalId())
+	if err != nil {
+		return err
+	}
+	got, err := s.rec.claim(ctx, []string{claimKey(ev.GetRentalId(), attempt+1)}, outcomeCancelled, nil, nil)
+	if err != nil || !got[0].Won {
+		return err
+	}
+	moving, err := s.rec.placed(ctx, ev.GetRentalId())
+	if err != nil || !moving {
+		return err
+	}
+	subj, err := subject.Format(subject.RentalRejected, ev.GetTenantId())
+	if err != nil {
+		return fault.Invalid("%v", err)
+	}
+	_, err = s.d.Bus.Publish(ctx, subj, &shizuv1.RentalRejected{
+		Meta:     meta("rental:"+ev.GetRentalId()+":rejected", s.source, ev.GetMeta(), ev.GetRentalId(), s.d.Now()),
+		RentalId: ev.GetRentalId(), TenantId: ev.GetTenantId(), Reason: shizuv1.RejectReason_REJECT_REASON_CANCELLED,
+		Message: "cancelled while being moved to another node",
+	})
 	return err
 }
 
