@@ -799,12 +799,13 @@ func (f *Failover) sweep(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	recorded, err := f.rec.migrationsOf(ctx, ids)
+	if err != nil {
+		return err
+	}
 	var stale []migrate.Move
 	for _, id := range ids {
-		m, ok, err := f.rec.migrationOf(ctx, id)
-		if err != nil {
-			return err
-		}
+		m, ok := recorded[id]
 		if !ok || m.Published || m.Failed != "" || now.Sub(m.DecidedAt) < f.cfg.Sweep {
 			continue
 		}
@@ -820,13 +821,19 @@ func (f *Failover) sweep(ctx context.Context) error {
 		if n.Status != capacity.StatusDead || len(n.Allocations) == 0 {
 			continue
 		}
+		rentals := make([]string, len(n.Allocations))
+		for j, a := range n.Allocations {
+			rentals[j] = a.RentalID
+		}
+		moving, err := f.rec.migrationsOf(ctx, rentals)
+		if err != nil {
+			return err
+		}
 		var orphans []capacity.Allocation
 		for _, a := range n.Allocations {
 			// Orphaned: no move recorded, or the recorded one is off
 			// another node (the rental moved here, then this node died).
-			if m, ok, err := f.rec.migrationOf(ctx, a.RentalID); err != nil {
-				return err
-			} else if !ok || m.FromNode != n.ID {
+			if m, ok := moving[a.RentalID]; !ok || m.FromNode != n.ID {
 				orphans = append(orphans, a)
 			}
 		}
