@@ -436,9 +436,15 @@ func classOf(p shizuv1.Plan) migrate.Class {
 // that must stop, release (break) or hand over (make-before-break) the
 // old allocations, publish every RentalMigrating, then wait once for
 // every ack in b (with whatever the caller queued there) and mark the
-// moves handed over. About five Redis round trips and one wait whatever
-// the number of rentals. A failure leaves the records unpublished for the
-// sweep; every event has a fixed id, so a retry is deduplicated.
+// moves handed over. The records and the break releases take a few
+// pipelined Redis round trips whatever the number of rentals; each
+// make-before-break adds one (its capacity hand-over). A move that can
+// never go out (invalid input: a tenant or node id that is no subject
+// token, a rental id the store refuses) is set aside before anything of
+// it is released, recorded as failed and counted; the others proceed. A
+// store or bus failure returns, leaving the records unpublished for the
+// sweep; every step is idempotent and every event has a fixed id, so the
+// retry is deduplicated.
 func (f *Failover) moveAll(ctx context.Context, ms []migration, b *bus.Batch) error {
 	if len(ms) == 0 {
 		if b.Len() > 0 {
@@ -447,18 +453,46 @@ func (f *Failover) moveAll(ctx context.Context, ms []migration, b *bus.Batch) er
 		}
 		return nil
 	}
-	ids := make([]string, len(ms))
-	for i, m := range ms {
-		ids[i] = m.Rental
+	var failed []migration
+	fail := func(m migration, err error) {
+		f.d.Log.ErrorContext(ctx, "a rental cannot be moved; it is left on its old node, recorded as failed", "rental", m.Rental,
+			"tenant", m.Tenant, "node", m.FromNode, "err", err)
+		f.d.Metrics.moveFailed(ctx, shizuv1.MigrationReason(m.Reason).String())
+		m.Failed = err.Error()
+		failed = append(failed, m)
+	}
+	// Everything a move publishes is built first, so a move that cannot be
+	// published is dropped before its allocation is released.
+	type prepared struct {
+		m    migration
+		subj string
+		ev   *shizuv1.RentalMigrating
+	}
+	var ready []prepared
+	for _, m := range ms {
+		subj, err := subject.Format(subject.RentalMigrating, m.Tenant)
+		if err == nil && m.StopOld && m.FromAttempt > 0 {
+			_, err = subject.Format(subject.AgentCmd, m.FromNode, "stop")
+		}
+		if err != nil {
+			fail(m, fault.Invalid("%v", err))
+			continue
+		}
+		ready = append(ready, prepared{m: m, subj: subj})
+	}
+	ids := make([]string, len(ready))
+	for i, p := range ready {
+		ids[i] = p.m.Rental
 	}
 	placements, err := f.rec.placementsOf(ctx, ids)
 	if err != nil {
 		return err
 	}
 	breaks := map[string][]string{} // node -> rentals whose allocation there is released
-	var out []migration
+	var out []prepared
 	var gone []string
-	for _, m := range ms {
+	for _, p := range ready {
+		m := p.m
 		switch m.Mode {
 		case modeBreak:
 			breaks[m.FromNode] = append(breaks[m.FromNode], m.Rental)
@@ -471,27 +505,32 @@ func (f *Failover) moveAll(ctx context.Context, ms []migration, b *bus.Batch) er
 			case capacity.IsNotFound(err):
 				gone = append(gone, m.Rental) // it stopped meanwhile: nothing to move
 				continue
+			case fault.IsInvalid(err):
+				fail(m, err)
+				continue
 			default:
 				return err
 			}
 		}
 		if m.StopOld && m.FromAttempt > 0 {
 			if err := f.stopRun(ctx, b, m, shizuv1.ExitReason_EXIT_REASON_NODE_FAILED); err != nil {
+				if fault.IsInvalid(err) { // its subject was checked above: only the event itself
+					fail(m, err)
+					continue
+				}
 				return err
 			}
 		}
-		out = append(out, m)
+		out = append(out, p)
 	}
 	for node, rentals := range breaks {
 		if _, err := f.d.Store.ReleaseOn(ctx, node, rentals...); err != nil {
 			return err
 		}
 	}
-	for _, m := range out {
-		subj, err := subject.Format(subject.RentalMigrating, m.Tenant)
-		if err != nil {
-			return fault.Invalid("%v", err)
-		}
+	published := make([]migration, 0, len(out))
+	for _, p := range out {
+		m := p.m
 		id := fmt.Sprintf("rental:%s:migrating:%d", m.Rental, m.NextAttempt)
 		if m.NextAttempt == 0 {
 			id = fmt.Sprintf("rental:%s:migrating:%s:%d", m.Rental, m.FromNode, m.FromEpoch)
@@ -502,24 +541,34 @@ func (f *Failover) moveAll(ctx context.Context, ms []migration, b *bus.Batch) er
 			Reason: shizuv1.MigrationReason(m.Reason), LastHeartbeatAt: tsOrNil(m.LastBeat),
 			FromAttempt: m.FromAttempt, NextAttempt: m.NextAttempt,
 		}
-		if p, known := placements[m.Rental]; known { // the spec is the same for every attempt
-			ev.Spec = p.Spec
-			ev.CheckpointUri = p.Spec.GetCheckpointUri()
+		if pl, known := placements[m.Rental]; known { // the spec is the same for every attempt
+			ev.Spec = pl.Spec
+			ev.CheckpointUri = pl.Spec.GetCheckpointUri()
 		} else {
 			f.d.Log.ErrorContext(ctx, "moving a rental failover never saw scheduled; the scheduler gets no spec", "rental", m.Rental)
 		}
-		if err := b.Publish(ctx, subj, ev); err != nil {
+		if err := b.Publish(ctx, p.subj, ev); err != nil {
+			if fault.IsInvalid(err) {
+				fail(m, err)
+				continue
+			}
 			return err
 		}
+		published = append(published, m)
+	}
+	// The failed are recorded before the wait: a bus failure there must not
+	// send them back to the sweep.
+	if err := f.rec.updateMigrations(ctx, failed); err != nil {
+		return err
 	}
 	if _, err := b.Wait(ctx); err != nil {
 		return err
 	}
-	for i := range out {
-		f.d.Metrics.migrating(ctx, shizuv1.MigrationReason(out[i].Reason).String())
-		out[i].Published = true
+	for i := range published {
+		f.d.Metrics.migrating(ctx, shizuv1.MigrationReason(published[i].Reason).String())
+		published[i].Published = true
 	}
-	if err := f.rec.updateMigrations(ctx, out); err != nil {
+	if err := f.rec.updateMigrations(ctx, published); err != nil {
 		return err
 	}
 	for _, id := range gone {
@@ -741,21 +790,23 @@ func (f *Failover) onStopped(ctx context.Context, ev *shizuv1.RentalStopped, _ b
 }
 
 // sweep recovers from a replica that died mid-way: a dead node whose
-// allocations nobody released, migrations recorded but never handed over,
-// quarantines past their end.
+// allocations nobody released, migrations recorded but never handed over
+// (not those recorded as failed: they would fail again), quarantines past
+// their end.
 func (f *Failover) sweep(ctx context.Context) error {
 	now := f.d.Now()
 	ids, err := f.rec.migrations(ctx)
 	if err != nil {
 		return err
 	}
+	recorded, err := f.rec.migrationsOf(ctx, ids)
+	if err != nil {
+		return err
+	}
 	var stale []migrate.Move
 	for _, id := range ids {
-		m, ok, err := f.rec.migrationOf(ctx, id)
-		if err != nil {
-			return err
-		}
-		if !ok || m.Published || now.Sub(m.DecidedAt) < f.cfg.Sweep {
+		m, ok := recorded[id]
+		if !ok || m.Published || m.Failed != "" || now.Sub(m.DecidedAt) < f.cfg.Sweep {
 			continue
 		}
 		stale = append(stale, migrate.Move{Rental: m.Rental, Tenant: m.Tenant, Node: m.FromNode, GPUs: m.GPUs,
@@ -770,13 +821,19 @@ func (f *Failover) sweep(ctx context.Context) error {
 		if n.Status != capacity.StatusDead || len(n.Allocations) == 0 {
 			continue
 		}
+		rentals := make([]string, len(n.Allocations))
+		for j, a := range n.Allocations {
+			rentals[j] = a.RentalID
+		}
+		moving, err := f.rec.migrationsOf(ctx, rentals)
+		if err != nil {
+			return err
+		}
 		var orphans []capacity.Allocation
 		for _, a := range n.Allocations {
 			// Orphaned: no move recorded, or the recorded one is off
 			// another node (the rental moved here, then this node died).
-			if m, ok, err := f.rec.migrationOf(ctx, a.RentalID); err != nil {
-				return err
-			} else if !ok || m.FromNode != n.ID {
+			if m, ok := moving[a.RentalID]; !ok || m.FromNode != n.ID {
 				orphans = append(orphans, a)
 			}
 		}

@@ -22,6 +22,7 @@ const (
 	metricDowntime       = "shizu.failover.downtime"
 	metricFences         = "shizu.failover.fences"
 	metricMigrations     = "shizu.failover.migrations"
+	metricMoveFailures   = "shizu.failover.move_failures"
 	metricQuarantines    = "shizu.failover.quarantines"
 )
 
@@ -32,6 +33,7 @@ type Metrics struct {
 	downtime       metric.Float64Histogram
 	fences         metric.Int64Counter
 	migrations     metric.Int64Counter
+	moveFailures   metric.Int64Counter
 	quarantines    metric.Int64Counter
 }
 
@@ -55,6 +57,9 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 		metric.WithDescription("Fence attempts by outcome: won (this replica fenced), lost (another replica or a new registration came first)."))
 	add(err)
 	x.migrations, err = m.Int64Counter(metricMigrations, metric.WithDescription("Rentals handed to the scheduler to move, by reason."))
+	add(err)
+	x.moveFailures, err = m.Int64Counter(metricMoveFailures,
+		metric.WithDescription("Moves that can never be handed to the scheduler (invalid input), by reason; the rental stays on its old node."))
 	add(err)
 	x.quarantines, err = m.Int64Counter(metricQuarantines, metric.WithDescription("Flapping nodes quarantined."))
 	add(err)
@@ -91,6 +96,12 @@ func (m *Metrics) fence(ctx context.Context, outcome string) {
 func (m *Metrics) migrating(ctx context.Context, reason string) {
 	if m != nil {
 		m.migrations.Add(ctx, 1, metric.WithAttributes(attrReason.String(reason)))
+	}
+}
+
+func (m *Metrics) moveFailed(ctx context.Context, reason string) {
+	if m != nil {
+		m.moveFailures.Add(ctx, 1, metric.WithAttributes(attrReason.String(reason)))
 	}
 }
 

@@ -238,8 +238,11 @@ type migration struct {
 	Cause       string    `json:"cause"` // event id that caused it
 	Published   bool      `json:"published,omitempty"`
 	Scheduled   bool      `json:"scheduled,omitempty"` // fence-to-scheduled measured
-	Class       int       `json:"class"`
-	Priority    int       `json:"priority"`
+	// Failed says why the move can never be handed over (invalid input);
+	// the sweep leaves it alone and the rental stays on its old node.
+	Failed   string `json:"failed,omitempty"`
+	Class    int    `json:"class"`
+	Priority int    `json:"priority"`
 }
 
 func (r records) putMigration(ctx context.Context, m migration) error {

@@ -11,6 +11,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -88,8 +89,8 @@ type Pace struct {
 // Validate reports every problem.
 func (p Pace) Validate() error {
 	var errs []error
-	if p.PerSecond <= 0 {
-		errs = append(errs, fmt.Errorf("per_second: %g, want > 0", p.PerSecond))
+	if !(p.PerSecond > 0) || math.IsInf(p.PerSecond, 1) { // !(x > 0) also refuses NaN
+		errs = append(errs, fmt.Errorf("per_second: %g, want a finite number > 0", p.PerSecond))
 	}
 	if p.Burst < 1 {
 		errs = append(errs, fmt.Errorf("burst: %d, want >= 1", p.Burst))

@@ -2,6 +2,7 @@ package migrate
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -127,6 +128,16 @@ func TestAPaceWithoutRateIsRefused(t *testing.T) {
 	t.Parallel()
 	if _, err := NewQueue(Pace{}); err == nil {
 		t.Fatal("accepted")
+	}
+	// NaN compares false with everything, so "<= 0" alone let it through;
+	// an infinite rate is no pace at all.
+	for _, rate := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -1} {
+		if err := (Pace{PerSecond: rate, Burst: 1}).Validate(); err == nil {
+			t.Errorf("a pace of %g moves per second was accepted", rate)
+		}
+	}
+	if err := (Pace{PerSecond: 0.5, Burst: 1}).Validate(); err != nil {
+		t.Errorf("a finite positive pace was refused: %v", err)
 	}
 }
 
