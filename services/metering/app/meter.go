@@ -589,8 +589,13 @@ func (m *Meter) cutoff() time.Time {
 func (m *Meter) plan(ctx context.Context, st ledger.SegmentState, until time.Time) (recs []ledger.Record, adv redisstore.Advance, ok bool, err error) {
 	ref := redisstore.SegmentRef{RentalID: st.RentalID, Attempt: st.Attempt}
 	seg, known := st.Segment()
-	if !known || st.Done || st.Finished() {
-		return nil, adv, false, nil
+	if st.Done || (known && st.Finished()) {
+		// Finished: nothing to bill, but it may still be on the due list
+		// (a member left there before finished segments were kept off it).
+		return nil, redisstore.Advance{Ref: ref, Cursor: st.Cursor, Finished: true}, true, nil
+	}
+	if !known {
+		return nil, adv, false, nil // stays due until its other events arrive
 	}
 	tariff, err := m.tariff(ctx, seg)
 	if err != nil {
