@@ -774,3 +774,56 @@ func TestTheCloserTakesFinishedSegmentsOffTheDueList(t *testing.T) {
 		t.Fatalf("segment %+v (%v), want done with its cursor at the stop", st, err)
 	}
 }
+
+func TestAFailoverThatDidNotKnowTheAttemptEndsThePlacementOnTheLostNode(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := testConfig()
+	r := e.startMeter(t, cfg, fixed(base.Add(10*time.Minute)))
+	moved := rental{id: "moved", tenant: "t0", model: "H100-SXM5-80GB", zone: "eu-1", plan: shizuv1.Plan_PLAN_ON_DEMAND, gpus: 1, milli: 1000,
+		segs: []seg{
+			{node: "node-1", start: base, stop: base.Add(time.Minute), exit: shizuv1.ExitReason_EXIT_REASON_PREEMPTED},
+			{node: "node-2", start: base.Add(2 * time.Minute), lost: base.Add(3 * time.Minute)},
+		}}
+	evs := moved.events()
+	migrating := evs[len(evs)-1]
+	if mig, ok := migrating.msg.(*shizuv1.RentalMigrating); !ok || mig.GetFromAttempt() != 0 || mig.GetFromNodeId() != "node-2" {
+		t.Fatalf("last event %v, want a migration off node-2 that names no attempt", migrating.msg)
+	}
+	e.publish(t, evs[:len(evs)-1])
+	store := redisstore.New(e.rdb, cfg.KeyPrefix)
+	second := redisstore.SegmentRef{RentalID: "moved", Attempt: 2}
+	testkit.Eventually(t, 10*time.Second, func() error {
+		st, err := store.Segment(context.Background(), second)
+		if err != nil || !st.Scheduled || st.StartedAt.IsZero() {
+			return fmt.Errorf("second placement not known yet (%v)", err)
+		}
+		return nil
+	})
+	e.publish(t, []event{migrating})
+	testkit.Eventually(t, 10*time.Second, func() error {
+		st, err := store.Segment(context.Background(), second)
+		if err != nil || !st.Done {
+			return fmt.Errorf("second placement not ended (lost at %s, %v)", st.LostAt, err)
+		}
+		return nil
+	})
+	first, err := store.Segment(context.Background(), redisstore.SegmentRef{RentalID: "moved", Attempt: 1})
+	if err != nil || !first.LostAt.IsZero() {
+		t.Fatalf("first placement lost at %s (%v); the failover was about the second", first.LostAt, err)
+	}
+	cat, _ := cfg.Catalogue()
+	list, _ := cat.OnDemand("H100-SXM5-80GB")
+	want := map[string]int64{}
+	for i := range moved.segs {
+		sg, _ := moved.state(cat, i).Segment()
+		recs, _, _ := ledger.Close(sg, ledger.Tariff{Base: list}, cfg.Rules, time.Time{}, sg.End)
+		for _, rec := range recs {
+			want[rec.ID] = rec.Amount.Micros
+		}
+	}
+	if _, err := r.meter.CloseDue(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e.settled(t, cfg.KeyPrefix, want)
+}

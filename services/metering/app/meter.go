@@ -284,9 +284,6 @@ func (m *Meter) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating) er
 	if hb := ev.GetLastHeartbeatAt(); hb != nil {
 		last = hb.AsTime()
 	}
-	if err := m.store.Lost(ctx, ev.GetRentalId(), max(ev.GetFromAttempt(), 1), last); err != nil {
-		return err
-	}
 	attempts, err := m.store.Attempts(ctx, ev.GetRentalId())
 	if err != nil {
 		return err
@@ -295,7 +292,49 @@ func (m *Meter) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating) er
 	for i, a := range attempts {
 		refs[i] = redisstore.SegmentRef{RentalID: ev.GetRentalId(), Attempt: a}
 	}
+	attempt := ev.GetFromAttempt()
+	if attempt == 0 {
+		if attempt, err = m.lostAttempt(ctx, refs, ev.GetFromNodeId()); err != nil {
+			return err
+		}
+	}
+	if err := m.store.Lost(ctx, ev.GetRentalId(), attempt, last); err != nil {
+		return err
+	}
 	return errors.Join(m.closeSegments(ctx, refs)...)
+}
+
+// lostAttempt is the placement a failover report that did not know the
+// attempt was about: the latest one on the lost node that has not ended
+// (else the latest one on that node). When no placement on that node is
+// known yet (the report came before the rental's other events), it is the
+// first, as before placements were looked up by node.
+func (m *Meter) lostAttempt(ctx context.Context, refs []redisstore.SegmentRef, node string) (int32, error) {
+	evs := make([]redisstore.SegmentEvent, len(refs))
+	for i, r := range refs {
+		evs[i] = redisstore.SegmentEvent{Ref: r}
+	}
+	states, err := m.store.MergeSegments(ctx, evs)
+	if err != nil {
+		return 0, err
+	}
+	var onNode, running int32
+	for _, st := range states {
+		if st.NodeID != node {
+			continue
+		}
+		onNode = max(onNode, st.Attempt)
+		if st.StoppedAt.IsZero() && st.LostAt.IsZero() {
+			running = max(running, st.Attempt)
+		}
+	}
+	switch {
+	case running > 0:
+		return running, nil
+	case onNode > 0:
+		return onNode, nil
+	}
+	return 1, nil
 }
 
 func (m *Meter) onSpotPrice(ctx context.Context, ev *shizuv1.SpotPriceChanged, _ bus.Delivery) error {
