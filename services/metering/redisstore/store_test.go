@@ -269,3 +269,29 @@ func TestAFinishedSegmentIsNeverDueAgain(t *testing.T) {
 		t.Fatalf("due %v (%v), want only %v", refs, err, early)
 	}
 }
+
+func TestADaysAppliedRecordIdsExpireLongAfterItsLastRecord(t *testing.T) {
+	t.Parallel()
+	r := testkit.StartRedis(t)
+	rdb := r.Client(t)
+	s := redisstore.New(rdb, "")
+	ctx := context.Background()
+	if _, err := s.ApplyAll(ctx, "", []*shizuv1.UsageRecorded{usage("usage:r-1:a", 700), usage("usage:r-1:b", 300)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Apply(ctx, "", usage("usage:r-1:a", 700)); err != nil {
+		t.Fatal(err)
+	}
+	key := "mt:agg:0:seen:" + t0.Format(time.DateOnly)
+	ids, err := rdb.SMembers(ctx, key).Result()
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("%s holds %v (%v), want the two ids", key, ids, err)
+	}
+	ttl, err := rdb.TTL(ctx, key).Result()
+	if err != nil || ttl <= redisstore.SeenRetention-24*time.Hour || ttl > redisstore.SeenRetention {
+		t.Fatalf("%s expires in %s (%v), want about %s", key, ttl, err, redisstore.SeenRetention)
+	}
+	if micros, _, _ := s.Rental(ctx, "r-1"); micros != 1000 {
+		t.Fatalf("rental holds %d µ, want 1000", micros)
+	}
+}
