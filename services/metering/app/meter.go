@@ -159,10 +159,10 @@ func decode(d bus.Delivery, ev proto.Message) error {
 }
 
 // onRentals handles a batch of rental events: it merges every
-// scheduled/started/stopped event into its segment (one script per segment,
-// all in one Redis pipeline), closes the segments that have records to
-// close (all records in one async publish batch, all cursors in one
-// pipeline), then handles failover reports one by one. Every step is
+// scheduled/started/stopped event into its segment (one script call for
+// the batch), closes the segments that have records to close (all records
+// in one async publish batch, all cursors in one script call), then
+// handles failover reports one by one. Every step is
 // idempotent (merges set the same fields, record ids are deterministic,
 // cursors only move forward), so a batch redelivered in part or in whole
 // after a crash changes nothing more.
@@ -352,7 +352,7 @@ func (m *Meter) onSpotPrice(ctx context.Context, ev *shizuv1.SpotPriceChanged, _
 }
 
 // onUsage folds a batch of usage records into the aggregates (one script
-// per record, once per record id, all in one pipeline) and then checks the
+// call for the batch, each record once per record id) and then checks the
 // budgets of the tenants they belong to.
 func (m *Meter) onUsage(ctx context.Context, ds []bus.Delivery) []error {
 	out := make([]error, len(ds))
@@ -536,8 +536,8 @@ func (m *Meter) closeSegments(ctx context.Context, refs []redisstore.SegmentRef)
 }
 
 // closeStates publishes every record of the segments that is closed now
-// (all in one async publish batch) and then advances their cursors (all in
-// one pipeline); it returns one error per state. Two replicas closing the
+// (all in one async publish batch) and then advances their cursors (one
+// script call); it returns one error per state. Two replicas closing the
 // same segment publish the same records under the same ids, which the
 // stream and the aggregates deduplicate; a cursor only moves forward and
 // only after its records are stored.

@@ -33,8 +33,9 @@ type Store struct {
 const pipelineLanes = 4
 
 // New returns a store whose keys start with prefix (default "mt:"). The
-// hot-path scripts (merging events, applying usage records, advancing
-// cursors) of concurrent callers share pipelines.
+// batch calls (MergeSegments, AdvanceAll, ApplyAll) are one script call
+// each; the single-segment and single-record calls (Scheduled, Started,
+// Stopped, Segment, Advance, Apply) of concurrent callers share pipelines.
 func New(rdb redis.UniversalClient, prefix string) *Store {
 	if prefix == "" {
 		prefix = "mt:"
@@ -153,8 +154,8 @@ func StoppedEvent(ref SegmentRef, startedAt, stoppedAt time.Time, reason shizuv1
 		fields: []any{"sstart", nanos(startedAt), "stop", nanos(stoppedAt), "exit", int32(reason)}}
 }
 
-// MergeSegments merges events into their segments, one atomic script per
-// segment and all of them in one pipeline, and returns the state of each
+// MergeSegments merges events into their segments in one atomic script
+// call for the whole batch, and returns the state of each
 // segment after its events, in the order the segments first appear. A
 // segment named by a SegmentEvent with no change (SegmentEvent{Ref: r}) is
 // only loaded.
