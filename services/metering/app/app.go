@@ -43,8 +43,8 @@ type Config struct {
 	// (deliveries at once for the spot price consumer).
 	Concurrency int
 	// Batch is the most rental events or usage records handled together:
-	// their Redis work shares one pipeline and their usage records one
-	// async publish batch.
+	// their Redis work is one script call per step and their usage records
+	// one async publish batch.
 	Batch int
 	// FastAck acknowledges without waiting for the server (handlers are
 	// idempotent, so a lost ack only redelivers).

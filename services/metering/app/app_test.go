@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -739,4 +740,90 @@ func TestSpotBeforeTheFirstMarketPriceIsBilledAtTheCataloguesSpotDefault(t *test
 	if below, _, err := store.Rental(context.Background(), "s-below"); err != nil || below != 0 {
 		t.Fatalf("a rental capped below the spot default billed %d µ (%v), want nothing", below, err)
 	}
+}
+
+func TestTheCloserTakesFinishedSegmentsOffTheDueList(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := testConfig()
+	r := e.startMeter(t, cfg, fixed(base.Add(10*time.Minute)))
+	done := rental{id: "done", tenant: "t0", model: "H100-SXM5-80GB", zone: "eu-1", plan: shizuv1.Plan_PLAN_ON_DEMAND, gpus: 1, milli: 1000,
+		segs: []seg{{node: "node-1", start: base, stop: base.Add(90 * time.Second), exit: shizuv1.ExitReason_EXIT_REASON_COMPLETED}}}
+	e.publish(t, done.events())
+	store := redisstore.New(e.rdb, cfg.KeyPrefix)
+	ref := redisstore.SegmentRef{RentalID: "done", Attempt: 1}
+	testkit.Eventually(t, 10*time.Second, func() error {
+		st, err := store.Segment(context.Background(), ref)
+		if err != nil || !st.Done {
+			return fmt.Errorf("not finished yet (%v)", err)
+		}
+		return nil
+	})
+	// A member left on the due list by an earlier version, which made
+	// finished segments due again on a redelivered start or stop.
+	if err := e.rdb.ZAdd(context.Background(), cfg.KeyPrefix+"due", redis.Z{Score: float64(base.Unix()), Member: "done 1"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.meter.CloseDue(context.Background()); err != nil || n != 1 {
+		t.Fatalf("closer looked at %d segments (%v), want the stale one", n, err)
+	}
+	if refs, err := store.Due(context.Background(), base.Add(time.Hour), 10_000); err != nil || len(refs) != 0 {
+		t.Fatalf("due %v (%v), want nothing", refs, err)
+	}
+	if st, err := store.Segment(context.Background(), ref); err != nil || !st.Done || !st.Cursor.Equal(base.Add(90*time.Second)) {
+		t.Fatalf("segment %+v (%v), want done with its cursor at the stop", st, err)
+	}
+}
+
+func TestAFailoverThatDidNotKnowTheAttemptEndsThePlacementOnTheLostNode(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := testConfig()
+	r := e.startMeter(t, cfg, fixed(base.Add(10*time.Minute)))
+	moved := rental{id: "moved", tenant: "t0", model: "H100-SXM5-80GB", zone: "eu-1", plan: shizuv1.Plan_PLAN_ON_DEMAND, gpus: 1, milli: 1000,
+		segs: []seg{
+			{node: "node-1", start: base, stop: base.Add(time.Minute), exit: shizuv1.ExitReason_EXIT_REASON_PREEMPTED},
+			{node: "node-2", start: base.Add(2 * time.Minute), lost: base.Add(3 * time.Minute)},
+		}}
+	evs := moved.events()
+	migrating := evs[len(evs)-1]
+	if mig, ok := migrating.msg.(*shizuv1.RentalMigrating); !ok || mig.GetFromAttempt() != 0 || mig.GetFromNodeId() != "node-2" {
+		t.Fatalf("last event %v, want a migration off node-2 that names no attempt", migrating.msg)
+	}
+	e.publish(t, evs[:len(evs)-1])
+	store := redisstore.New(e.rdb, cfg.KeyPrefix)
+	second := redisstore.SegmentRef{RentalID: "moved", Attempt: 2}
+	testkit.Eventually(t, 10*time.Second, func() error {
+		st, err := store.Segment(context.Background(), second)
+		if err != nil || !st.Scheduled || st.StartedAt.IsZero() {
+			return fmt.Errorf("second placement not known yet (%v)", err)
+		}
+		return nil
+	})
+	e.publish(t, []event{migrating})
+	testkit.Eventually(t, 10*time.Second, func() error {
+		st, err := store.Segment(context.Background(), second)
+		if err != nil || !st.Done {
+			return fmt.Errorf("second placement not ended (lost at %s, %v)", st.LostAt, err)
+		}
+		return nil
+	})
+	first, err := store.Segment(context.Background(), redisstore.SegmentRef{RentalID: "moved", Attempt: 1})
+	if err != nil || !first.LostAt.IsZero() {
+		t.Fatalf("first placement lost at %s (%v); the failover was about the second", first.LostAt, err)
+	}
+	cat, _ := cfg.Catalogue()
+	list, _ := cat.OnDemand("H100-SXM5-80GB")
+	want := map[string]int64{}
+	for i := range moved.segs {
+		sg, _ := moved.state(cat, i).Segment()
+		recs, _, _ := ledger.Close(sg, ledger.Tariff{Base: list}, cfg.Rules, time.Time{}, sg.End)
+		for _, rec := range recs {
+			want[rec.ID] = rec.Amount.Micros
+		}
+	}
+	if _, err := r.meter.CloseDue(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e.settled(t, cfg.KeyPrefix, want)
 }

@@ -16,7 +16,6 @@ import (
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/app"
-	"github.com/shizu-gpu/shizu/services/metering/redisstore"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -113,10 +112,7 @@ func BenchmarkIngest(b *testing.B) {
 		b.StartTimer()
 		start := time.Now()
 		e.startMeter(b, cfg, fixed(base))
-		store := redisstore.New(e.rdb, cfg.KeyPrefix)
 		testkit.Eventually(b, 10*time.Minute, func() error {
-			gen, _ := store.Generation(context.Background())
-			_ = gen
 			n := 0
 			for i := range 3 {
 				v, _ := e.rdb.HGet(context.Background(), cfg.KeyPrefix+"agg:0:tenant:t"+strconv.Itoa(i), "mgs").Int64()

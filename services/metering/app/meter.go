@@ -159,10 +159,10 @@ func decode(d bus.Delivery, ev proto.Message) error {
 }
 
 // onRentals handles a batch of rental events: it merges every
-// scheduled/started/stopped event into its segment (one script per segment,
-// all in one Redis pipeline), closes the segments that have records to
-// close (all records in one async publish batch, all cursors in one
-// pipeline), then handles failover reports one by one. Every step is
+// scheduled/started/stopped event into its segment (one script call for
+// the batch), closes the segments that have records to close (all records
+// in one async publish batch, all cursors in one script call), then
+// handles failover reports one by one. Every step is
 // idempotent (merges set the same fields, record ids are deterministic,
 // cursors only move forward), so a batch redelivered in part or in whole
 // after a crash changes nothing more.
@@ -284,9 +284,6 @@ func (m *Meter) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating) er
 	if hb := ev.GetLastHeartbeatAt(); hb != nil {
 		last = hb.AsTime()
 	}
-	if err := m.store.Lost(ctx, ev.GetRentalId(), max(ev.GetFromAttempt(), 1), last); err != nil {
-		return err
-	}
 	attempts, err := m.store.Attempts(ctx, ev.GetRentalId())
 	if err != nil {
 		return err
@@ -295,7 +292,49 @@ func (m *Meter) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating) er
 	for i, a := range attempts {
 		refs[i] = redisstore.SegmentRef{RentalID: ev.GetRentalId(), Attempt: a}
 	}
+	attempt := ev.GetFromAttempt()
+	if attempt == 0 {
+		if attempt, err = m.lostAttempt(ctx, refs, ev.GetFromNodeId()); err != nil {
+			return err
+		}
+	}
+	if err := m.store.Lost(ctx, ev.GetRentalId(), attempt, last); err != nil {
+		return err
+	}
 	return errors.Join(m.closeSegments(ctx, refs)...)
+}
+
+// lostAttempt is the placement a failover report that did not know the
+// attempt was about: the latest one on the lost node that has not ended
+// (else the latest one on that node). When no placement on that node is
+// known yet (the report came before the rental's other events), it is the
+// first, as before placements were looked up by node.
+func (m *Meter) lostAttempt(ctx context.Context, refs []redisstore.SegmentRef, node string) (int32, error) {
+	evs := make([]redisstore.SegmentEvent, len(refs))
+	for i, r := range refs {
+		evs[i] = redisstore.SegmentEvent{Ref: r}
+	}
+	states, err := m.store.MergeSegments(ctx, evs)
+	if err != nil {
+		return 0, err
+	}
+	var onNode, running int32
+	for _, st := range states {
+		if st.NodeID != node {
+			continue
+		}
+		onNode = max(onNode, st.Attempt)
+		if st.StoppedAt.IsZero() && st.LostAt.IsZero() {
+			running = max(running, st.Attempt)
+		}
+	}
+	switch {
+	case running > 0:
+		return running, nil
+	case onNode > 0:
+		return onNode, nil
+	}
+	return 1, nil
 }
 
 func (m *Meter) onSpotPrice(ctx context.Context, ev *shizuv1.SpotPriceChanged, _ bus.Delivery) error {
@@ -313,7 +352,7 @@ func (m *Meter) onSpotPrice(ctx context.Context, ev *shizuv1.SpotPriceChanged, _
 }
 
 // onUsage folds a batch of usage records into the aggregates (one script
-// per record, once per record id, all in one pipeline) and then checks the
+// call for the batch, each record once per record id) and then checks the
 // budgets of the tenants they belong to.
 func (m *Meter) onUsage(ctx context.Context, ds []bus.Delivery) []error {
 	out := make([]error, len(ds))
@@ -497,8 +536,8 @@ func (m *Meter) closeSegments(ctx context.Context, refs []redisstore.SegmentRef)
 }
 
 // closeStates publishes every record of the segments that is closed now
-// (all in one async publish batch) and then advances their cursors (all in
-// one pipeline); it returns one error per state. Two replicas closing the
+// (all in one async publish batch) and then advances their cursors (one
+// script call); it returns one error per state. Two replicas closing the
 // same segment publish the same records under the same ids, which the
 // stream and the aggregates deduplicate; a cursor only moves forward and
 // only after its records are stored.
@@ -589,8 +628,13 @@ func (m *Meter) cutoff() time.Time {
 func (m *Meter) plan(ctx context.Context, st ledger.SegmentState, until time.Time) (recs []ledger.Record, adv redisstore.Advance, ok bool, err error) {
 	ref := redisstore.SegmentRef{RentalID: st.RentalID, Attempt: st.Attempt}
 	seg, known := st.Segment()
-	if !known || st.Done || st.Finished() {
-		return nil, adv, false, nil
+	if st.Done || (known && st.Finished()) {
+		// Finished: nothing to bill, but it may still be on the due list
+		// (a member left there before finished segments were kept off it).
+		return nil, redisstore.Advance{Ref: ref, Cursor: st.Cursor, Finished: true}, true, nil
+	}
+	if !known {
+		return nil, adv, false, nil // stays due until its other events arrive
 	}
 	tariff, err := m.tariff(ctx, seg)
 	if err != nil {

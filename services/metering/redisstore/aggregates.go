@@ -17,7 +17,8 @@ import (
 
 // Aggregates live under <prefix>agg:<generation>:...:
 //
-//	seen:<day>                 set of applied record ids (day of interval start)
+//	seen:<day>                 set of applied record ids (day of interval start),
+//	                           expiring SeenRetention after its last write
 //	tenant:<tenant>            <currency> -> micros, mgs -> milli-GPU-seconds
 //	month:<tenant>             <YYYY-MM>|<currency> -> micros (budgets)
 //	rental:<rental>            micros, mgs, seconds
@@ -36,11 +37,21 @@ type Applied struct {
 	MonthBefore, MonthAfter int64
 }
 
+// SeenRetention is how long a day's set of applied record ids is kept
+// after the last record of that day was applied. A record id applied
+// again later than that is counted again, so it is far beyond any
+// redelivery (ack wait, MaxDeliver) or backlog metering is expected to
+// meet; a rebuild starts from empty sets in a fresh generation, so it
+// deduplicates the whole stream whatever the age of its records.
+const SeenRetention = 40 * 24 * time.Hour
+
 // applyScript folds usage records into the aggregates, each once per
 // record id, and returns per record: 1 when new (0 when applied before),
-// and the tenant's month spend before and after it.
+// and the tenant's month spend before and after it. Each day's set of
+// applied ids it touched expires SeenRetention after this call.
 //
-//	ARGV: prefix, generation ('' for the current), then per record: id, day,
+//	ARGV: prefix, generation ('' for the current), seen retention in
+//	      seconds, then per record: id, day,
 //	      month, tenant, rental, plan|model, currency, micros,
 //	      milli-GPU-seconds, seconds, number of labels, key=value labels
 var applyScript = redis.NewScript(`
@@ -48,12 +59,15 @@ local p = ARGV[1]
 local gen = ARGV[2]
 if gen == '' then gen = redis.call('GET', p .. 'agg:gen') or '0' end
 p = p .. 'agg:' .. gen .. ':'
+local ttl = ARGV[3]
 local out = {}
-local i = 3
+local days = {}
+local i = 4
 while i <= #ARGV do
   local id, day, month, tenant, rental, pm, cur = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4], ARGV[i+5], ARGV[i+6]
   local micros, mgs, secs, nlabels = ARGV[i+7], ARGV[i+8], ARGV[i+9], tonumber(ARGV[i+10])
   local mkey, mfield = p .. 'month:' .. tenant, month .. '|' .. cur
+  days[day] = true
   if redis.call('SADD', p .. 'seen:' .. day, id) == 0 then
     local spent = redis.call('HGET', mkey, mfield) or '0'
     out[#out+1] = 0
@@ -79,12 +93,13 @@ while i <= #ARGV do
   end
   i = i + 11 + nlabels
 end
+for day in pairs(days) do redis.call('EXPIRE', p .. 'seen:' .. day, ttl) end
 return out`)
 
 // Apply folds one usage record into the aggregates of generation gen (""
 // for the current one), once per record id.
 func (s *Store) Apply(ctx context.Context, gen string, r *shizuv1.UsageRecorded) (Applied, error) {
-	reply, err := s.pipe.run(ctx, applyScript, nil, s.appendRecord([]any{s.prefix, gen}, r)...)
+	reply, err := s.pipe.run(ctx, applyScript, nil, s.appendRecord([]any{s.prefix, gen, seenTTL}, r)...)
 	if err != nil {
 		return Applied{}, fmt.Errorf("apply usage %s: %w", r.GetMeta().GetEventId(), err)
 	}
@@ -101,8 +116,8 @@ func (s *Store) ApplyAll(ctx context.Context, gen string, rs []*shizuv1.UsageRec
 	if len(rs) == 0 {
 		return nil, nil
 	}
-	args := make([]any, 0, 2+12*len(rs))
-	args = append(args, s.prefix, gen)
+	args := make([]any, 0, 3+12*len(rs))
+	args = append(args, s.prefix, gen, seenTTL)
 	for _, r := range rs {
 		args = s.appendRecord(args, r)
 	}
@@ -112,6 +127,8 @@ func (s *Store) ApplyAll(ctx context.Context, gen string, rs []*shizuv1.UsageRec
 	}
 	return appliedReplies(rs, reply)
 }
+
+var seenTTL = strconv.FormatInt(int64(SeenRetention/time.Second), 10)
 
 func (s *Store) appendRecord(args []any, r *shizuv1.UsageRecorded) []any {
 	start := r.GetIntervalStart().AsTime().UTC()

@@ -33,8 +33,9 @@ type Store struct {
 const pipelineLanes = 4
 
 // New returns a store whose keys start with prefix (default "mt:"). The
-// hot-path scripts (merging events, applying usage records, advancing
-// cursors) of concurrent callers share pipelines.
+// batch calls (MergeSegments, AdvanceAll, ApplyAll) are one script call
+// each; the single-segment and single-record calls (Scheduled, Started,
+// Stopped, Segment, Advance, Apply) of concurrent callers share pipelines.
 func New(rdb redis.UniversalClient, prefix string) *Store {
 	if prefix == "" {
 		prefix = "mt:"
@@ -82,7 +83,9 @@ func nanos(t time.Time) string { return strconv.FormatInt(t.UnixNano(), 10) }
 //
 // A start sets only the fields not set yet (the first start reported
 // wins); the other events overwrite theirs with the same values on a
-// redelivery.
+// redelivery. A start or stop makes the segment due unless it is finished
+// (done): a redelivered start or stop of a finished segment takes it off
+// the due list instead, so it is not looked at on every tick forever.
 var mergeScript = redis.NewScript(`
 local out = {}
 local i = 1
@@ -99,7 +102,13 @@ while i <= #ARGV do
     elseif n > 0 then
       redis.call('HSET', seg, unpack(ARGV, first, last))
     end
-    if mode == 'start' or mode == 'stop' then redis.call('ZADD', KEYS[1], 'NX', due, member) end
+    if mode == 'start' or mode == 'stop' then
+      if redis.call('HGET', seg, 'done') == '1' then
+        redis.call('ZREM', KEYS[1], member)
+      else
+        redis.call('ZADD', KEYS[1], 'NX', due, member)
+      end
+    end
     if mode == 'start' or mode == 'sched' then redis.call('SADD', att, attempt) end
     i = last + 1
   end
@@ -145,8 +154,8 @@ func StoppedEvent(ref SegmentRef, startedAt, stoppedAt time.Time, reason shizuv1
 		fields: []any{"sstart", nanos(startedAt), "stop", nanos(stoppedAt), "exit", int32(reason)}}
 }
 
-// MergeSegments merges events into their segments, one atomic script per
-// segment and all of them in one pipeline, and returns the state of each
+// MergeSegments merges events into their segments in one atomic script
+// call for the whole batch, and returns the state of each
 // segment after its events, in the order the segments first appear. A
 // segment named by a SegmentEvent with no change (SegmentEvent{Ref: r}) is
 // only loaded.
@@ -352,7 +361,9 @@ func (s *Store) AdvanceAll(ctx context.Context, as []Advance) error {
 }
 
 // advanceScript moves cursors forward (never back) and reschedules or
-// finishes segments.
+// finishes segments. A finished segment (done) is never due again: a
+// running advance that lands after the finishing one (the closer racing
+// the stop's handler) takes it off the due list instead.
 //
 //	KEYS: due, then one segment per advance
 //	ARGV: per advance: cursor, due score, due member, finished (0|1)
@@ -361,7 +372,7 @@ for n = 2, #KEYS do
   local seg, i = KEYS[n], 4 * (n - 2) + 1
   local cur = redis.call('HGET', seg, 'cursor')
   if (not cur) or tonumber(ARGV[i]) > tonumber(cur) then redis.call('HSET', seg, 'cursor', ARGV[i]) end
-  if ARGV[i+3] == '1' then
+  if ARGV[i+3] == '1' or redis.call('HGET', seg, 'done') == '1' then
     redis.call('HSET', seg, 'done', 1)
     redis.call('ZREM', KEYS[1], ARGV[i+2])
   else

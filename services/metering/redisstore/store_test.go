@@ -209,3 +209,89 @@ func TestApplyingABatchCountsEachRecordIdOnce(t *testing.T) {
 		t.Fatalf("tenant total %d (%v), want 1000", total, err)
 	}
 }
+
+func TestAFinishedSegmentIsNeverDueAgain(t *testing.T) {
+	t.Parallel()
+	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
+	ctx := context.Background()
+	ref := redisstore.SegmentRef{RentalID: "r-f", Attempt: 1}
+	stop := t0.Add(90 * time.Second)
+	finish := redisstore.Advance{Ref: ref, Cursor: stop, Finished: true}
+	running := redisstore.Advance{Ref: ref, Cursor: t0.Add(time.Minute), Due: t0.Add(2 * time.Minute)}
+	due := func(when string) {
+		t.Helper()
+		refs, err := s.Due(ctx, t0.Add(time.Hour), 10_000)
+		if err != nil || len(refs) != 0 {
+			t.Fatalf("%s: due %v (%v), want nothing", when, refs, err)
+		}
+	}
+	if _, err := s.Started(ctx, ref, "node-1", t0, t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Stopped(ctx, ref, t0, stop, shizuv1.ExitReason_EXIT_REASON_COMPLETED); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AdvanceAll(ctx, []redisstore.Advance{finish}); err != nil {
+		t.Fatal(err)
+	}
+	due("finished")
+	// The closer's running advance lands after the stop's finishing one.
+	if err := s.AdvanceAll(ctx, []redisstore.Advance{running}); err != nil {
+		t.Fatal(err)
+	}
+	due("late running advance")
+	if err := s.Advance(ctx, running); err != nil {
+		t.Fatal(err)
+	}
+	due("late running advance (pipelined)")
+	// Redelivered start and stop, one by one and in a batch.
+	if _, err := s.Started(ctx, ref, "node-1", t0, t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	due("redelivered start")
+	if _, err := s.MergeSegments(ctx, []redisstore.SegmentEvent{
+		redisstore.StartedEvent(ref, "node-1", t0, t0.Add(time.Minute)),
+		redisstore.StoppedEvent(ref, t0, stop, shizuv1.ExitReason_EXIT_REASON_COMPLETED),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	due("redelivered batch")
+	st, err := s.Segment(ctx, ref)
+	if err != nil || !st.Done || !st.Cursor.Equal(t0.Add(90*time.Second)) {
+		t.Fatalf("segment %+v (%v), want done with its cursor at the stop", st, err)
+	}
+	// A segment whose start arrived before its schedule stays due.
+	early := redisstore.SegmentRef{RentalID: "r-early", Attempt: 1}
+	if _, err := s.Started(ctx, early, "node-2", t0, t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if refs, err := s.Due(ctx, t0.Add(time.Hour), 10_000); err != nil || len(refs) != 1 || refs[0] != early {
+		t.Fatalf("due %v (%v), want only %v", refs, err, early)
+	}
+}
+
+func TestADaysAppliedRecordIdsExpireLongAfterItsLastRecord(t *testing.T) {
+	t.Parallel()
+	r := testkit.StartRedis(t)
+	rdb := r.Client(t)
+	s := redisstore.New(rdb, "")
+	ctx := context.Background()
+	if _, err := s.ApplyAll(ctx, "", []*shizuv1.UsageRecorded{usage("usage:r-1:a", 700), usage("usage:r-1:b", 300)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Apply(ctx, "", usage("usage:r-1:a", 700)); err != nil {
+		t.Fatal(err)
+	}
+	key := "mt:agg:0:seen:" + t0.Format(time.DateOnly)
+	ids, err := rdb.SMembers(ctx, key).Result()
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("%s holds %v (%v), want the two ids", key, ids, err)
+	}
+	ttl, err := rdb.TTL(ctx, key).Result()
+	if err != nil || ttl <= redisstore.SeenRetention-24*time.Hour || ttl > redisstore.SeenRetention {
+		t.Fatalf("%s expires in %s (%v), want about %s", key, ttl, err, redisstore.SeenRetention)
+	}
+	if micros, _, _ := s.Rental(ctx, "r-1"); micros != 1000 {
+		t.Fatalf("rental holds %d µ, want 1000", micros)
+	}
+}
