@@ -42,8 +42,11 @@ type Applied struct {
 // again later than that is counted again, so it is far beyond any
 // redelivery (ack wait, MaxDeliver) or backlog metering is expected to
 // meet; a rebuild starts from empty sets in a fresh generation, so it
-// deduplicates the whole stream whatever the age of its records.
-const SeenRetention = 40 * 24 * time.Hour
+// deduplicates the whole stream whatever the age of its records. Eight
+// days: a usage record is delivered again within minutes (ack wait,
+// MaxDeliver) unless metering is down longer than that, and each day kept
+// costs ~154 KB a running rental (docs/metering.md, Known limits).
+const SeenRetention = 8 * 24 * time.Hour
 
 // applyScript folds usage records into the aggregates, each once per
 // record id, and returns per record: 1 when new (0 when applied before),
