@@ -84,7 +84,7 @@ Flags:
 	fs.IntVar(&o.monPort, "nats-monitor-port", 8222, "NATS monitoring port (/healthz, /varz, /jsz); a free one is used when taken")
 	fs.StringVar(&o.redisURL, "redis-url", "", "use this Redis instead of starting redis-server")
 	fs.IntVar(&o.redisPort, "redis-port", 6379, "port for the redis-server child; a free one is used when taken")
-	fs.StringVar(&o.policy, "autoscaler-policy", "", "autoscaler pools and fleet policy file (JSON); see services/autoscaler/README.md")
+	fs.StringVar(&o.policy, "autoscaler-policy", "", "autoscaler pools and fleet policy file (JSON); see docs/autoscaler.md")
 	fs.StringVar(&o.logLevel, "log-level", "info", "service log level: debug, info, warn, error")
 	fs.StringVar(&o.fleet, "fleet", defaultFleet, "simulated GPU hosts: profile[:count[:spot]],... with profiles "+strings.Join(simgpu.Profiles(), ", "))
 	fs.DurationVar(&o.interval, "meter-interval", time.Minute, "metering: usage records of running rentals close at multiples of this")

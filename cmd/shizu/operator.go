@@ -330,7 +330,7 @@ var poolsVerb = verb{
 				}
 			}
 			if len(ps) == 0 {
-				fmt.Fprintln(tw, "(no scaling decisions yet: pools come from the autoscaler's policy file, e.g. shizu dev -autoscaler-policy pools.json; drive them with shizu traffic)")
+				fmt.Fprintln(tw, "(no scaling decisions yet: pools come from the autoscaler's policy file, e.g. shizu dev -autoscaler-policy pools.json, or from shizu pools apply -f pool.json; drive them with shizu traffic)")
 			}
 			return tw.Flush()
 		}

@@ -52,11 +52,15 @@ var poolsApplyVerb = verb{
 			}
 			fmt.Fprintf(stdout, "pool %s of %s declared: %d to %d replicas of %d GPU(s).\n", pool.ID, pool.Tenant,
 				pool.MinReplicas, pool.MaxReplicas, pool.Rental.GPUCount)
-			fmt.Fprintf(stdout, "The autoscaler refuses a pool of its policy file or another tenant's: see dead letters on dlq.SCALING.autoscaler-pools.\n")
+			fmt.Fprint(stdout, deadLetterHint)
 			return nil
 		}
 	},
 }
+
+// deadLetterHint follows a published declaration or withdrawal: the
+// command cannot know whether the autoscaler accepted it.
+const deadLetterHint = "The autoscaler refuses a pool of its policy file or another tenant's: see dead letters on dlq.SCALING.autoscaler-pools.\n"
 
 // poolsWithdrawVerb is `shizu pools withdraw`: the autoscaler cancels the
 // pool's replicas and forgets it.
@@ -77,7 +81,8 @@ var poolsWithdrawVerb = verb{
 			if err := publishPool(ctx, cf, ev); err != nil {
 				return err
 			}
-			fmt.Fprintf(stdout, "pool %s of %s withdrawn: its replicas are cancelled.\n", args[0], *tenant)
+			fmt.Fprintf(stdout, "withdrawal of pool %s of %s published: the autoscaler cancels its replicas and forgets its policy.\n", args[0], *tenant)
+			fmt.Fprint(stdout, deadLetterHint)
 			return nil
 		}
 	},

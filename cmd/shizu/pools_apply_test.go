@@ -133,7 +133,7 @@ func TestPoolsApplyDeclaresAPoolTheAutoscalerScales(t *testing.T) {
 	})
 
 	code, out, errOut = shizu("pools", "withdraw", "chat", "-tenant", "globex")
-	if code != exitOK || !strings.Contains(out, "pool chat of globex withdrawn") {
+	if code != exitOK || !strings.Contains(out, "withdrawal of pool chat of globex published") || !strings.Contains(out, "dlq.SCALING.autoscaler-pools") {
 		t.Fatalf("withdraw: exit %d\n%s%s", code, out, errOut)
 	}
 	testkit.Eventually(t, 10*time.Second, func() error {

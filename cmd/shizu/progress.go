@@ -29,6 +29,7 @@ type progress struct {
 	note     string
 	lastLine time.Time // the last plain line or redraw
 	drawn    bool      // a bar is on the terminal's last line
+	finished bool      // Finish ran: nothing is drawn any more
 	stop     chan struct{}
 }
 
@@ -41,24 +42,34 @@ func newProgress(w io.Writer, label string, total int, every time.Duration) *pro
 	if tty {
 		// Keep the elapsed time moving between updates.
 		p.stop = make(chan struct{})
-		go p.tick(time.Second)
+		go p.tick(p.stop, time.Second)
 	}
 	return p
 }
 
-func (p *progress) tick(every time.Duration) {
+// tick redraws the bar every interval until stop is closed.
+func (p *progress) tick(stop <-chan struct{}, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
-		case <-p.stop:
+		case <-stop:
 			return
 		case <-t.C:
-			p.mu.Lock()
-			p.draw()
-			p.mu.Unlock()
+			p.redraw()
 		}
 	}
+}
+
+// redraw draws the bar again (the elapsed time moved) unless Finish ran:
+// the ticker may fire while Finish holds the lock.
+func (p *progress) redraw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.finished {
+		return
+	}
+	p.draw()
 }
 
 // draw redraws the bar; p.mu is held.
@@ -122,6 +133,7 @@ func (p *progress) Println(msg string) {
 func (p *progress) Finish() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.finished = true
 	if p.stop != nil {
 		close(p.stop)
 		p.stop = nil

@@ -110,3 +110,19 @@ func TestProgressRedrawsATerminalAtMostTenTimesASecond(t *testing.T) {
 		t.Fatalf("the last update is not drawn: %q", buf.String())
 	}
 }
+
+func TestProgressDrawsNothingAfterFinish(t *testing.T) {
+	var buf bytes.Buffer
+	c := &clock{t: time.Unix(1000, 0)}
+	p := newProgress(&buf, "replay", 2, 0)
+	p.now, p.start, p.tty, p.width = c.now, c.t, true, 60
+	p.Update(1, "")
+	p.Finish()
+	before := buf.String()
+	// The ticker fired while Finish held the lock.
+	c.t = c.t.Add(time.Second)
+	p.redraw()
+	if buf.String() != before {
+		t.Fatalf("drawn after Finish: %q", strings.TrimPrefix(buf.String(), before))
+	}
+}

@@ -55,6 +55,10 @@ type Config struct {
 	SpotCapacity int
 	// KeyPrefix starts the autoscaler's Redis keys (default "shizu").
 	KeyPrefix string
+
+	// envErrs are SHIZU_AUTOSCALER_* values that did not parse; Validate
+	// reports them.
+	envErrs []error
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -75,7 +79,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		c.AgentNATSPassword = v
 	}
 	if v, ok := os.LookupEnv("SHIZU_AUTOSCALER_SPOT_CAPACITY"); ok {
-		if n, err := strconv.Atoi(v); err == nil {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			c.envErrs = append(c.envErrs, fmt.Errorf("SHIZU_AUTOSCALER_SPOT_CAPACITY: %q is not a whole number", v))
+		} else {
 			c.SpotCapacity = n
 		}
 	}
@@ -88,12 +95,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // Validate reports every problem in the configuration, including the
 // policy file's.
 func (c Config) Validate() error {
-	var errs []error
+	errs := append([]error(nil), c.envErrs...)
 	if err := c.Service.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.Tick <= 0 {
 		errs = append(errs, fmt.Errorf("autoscaler.tick: %s must be positive", c.Tick))
+	}
+	if c.SpotCapacity < -1 {
+		errs = append(errs, fmt.Errorf("autoscaler.spot-capacity: %d; want -1 (unlimited) or more", c.SpotCapacity))
 	}
 	if c.Service.RedisURL == "" {
 		errs = append(errs, errors.New("redis.url: the autoscaler keeps pool state in Redis; required"))

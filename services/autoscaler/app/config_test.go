@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,5 +41,37 @@ func TestTheExamplePolicyIsAValidConfiguration(t *testing.T) {
 	cfg.PolicyFile = "/nonexistent/policy.json"
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "autoscaler.policy") {
 		t.Fatalf("missing file: %v", err)
+	}
+}
+
+func TestConfigValidationReportsABadSpotCapacity(t *testing.T) {
+	// Not parallel: it sets an environment variable.
+	t.Setenv("SHIZU_AUTOSCALER_SPOT_CAPACITY", "two")
+	cfg := app.DefaultConfig()
+	cfg.RegisterFlags(flag.NewFlagSet("autoscaler", flag.ContinueOnError))
+	err := cfg.Validate()
+	if err == nil || !strings.Contains(err.Error(), `SHIZU_AUTOSCALER_SPOT_CAPACITY: "two" is not a whole number`) {
+		t.Errorf("malformed SHIZU_AUTOSCALER_SPOT_CAPACITY: Validate = %v", err)
+	}
+
+	t.Setenv("SHIZU_AUTOSCALER_SPOT_CAPACITY", "3")
+	cfg = app.DefaultConfig()
+	fs := flag.NewFlagSet("autoscaler", flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	if cfg.SpotCapacity != 3 {
+		t.Errorf("SpotCapacity = %d from SHIZU_AUTOSCALER_SPOT_CAPACITY=3", cfg.SpotCapacity)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("spot capacity 3: %v", err)
+	}
+	if err := fs.Parse([]string{"-spot-capacity", "-2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "autoscaler.spot-capacity: -2") {
+		t.Errorf("-spot-capacity -2: Validate = %v", err)
+	}
+	cfg.SpotCapacity = -1
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("spot capacity -1 (unlimited): %v", err)
 	}
 }

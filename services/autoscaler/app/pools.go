@@ -196,19 +196,37 @@ func (s *scaler) onPoolDeclared(ctx context.Context, ev *shizuv1.PoolDeclared, d
 		return nil
 	}
 	if !rec.Withdrawn {
+		if err := s.redeclare(ctx, id, d.StreamSeq); err != nil {
+			return err
+		}
 		s.log.InfoContext(ctx, "pool declared", "pool", id, "tenant", tenant)
 		return nil
 	}
-	return s.withdraw(ctx, id, tenant, ev.GetMeta().GetEventId())
+	return s.withdraw(ctx, id, tenant, ev.GetMeta().GetEventId(), d.StreamSeq)
 }
 
-// withdraw cancels every replica of a withdrawn pool, newest first. The
-// record keeps its rental sequence, so a pool declared again later never
-// reuses a rental id.
-func (s *scaler) withdraw(ctx context.Context, id, tenant, cause string) error {
+// redeclare clears the withdrawal of a pool declared again by the
+// declaration at stream sequence seq, so samples and ticks scale it.
+func (s *scaler) redeclare(ctx context.Context, id string, seq uint64) error {
+	return s.states.update(ctx, id, func(rec *poolRecord) error {
+		if !rec.Withdrawn || rec.DeclSeq > seq {
+			return errNoChange
+		}
+		rec.Withdrawn, rec.DeclSeq = false, seq
+		return nil
+	})
+}
+
+// withdraw cancels every replica of a withdrawn pool, newest first, and
+// marks the pool's record withdrawn, so a sample or tick that read the
+// policy before changes nothing. The record keeps its rental sequence, so
+// a pool declared again later never reuses a rental id. seq is the stream
+// sequence of the withdrawal: a later declaration that already cleared the
+// mark keeps it cleared.
+func (s *scaler) withdraw(ctx context.Context, id, tenant, cause string, seq uint64) error {
 	pool := policy.Pool{ID: id, Tenant: tenant}
 	return s.states.update(ctx, id, func(rec *poolRecord) error {
-		if len(rec.Rentals) == 0 && rec.State == (policy.State{}) {
+		if rec.DeclSeq > seq || (rec.Withdrawn && len(rec.Rentals) == 0 && rec.State == (policy.State{})) {
 			return errNoChange
 		}
 		d := policy.Decision{Pool: id, From: len(rec.Rentals), To: 0, Rule: RuleWithdrawn, Reason: "pool withdrawn",
@@ -217,6 +235,7 @@ func (s *scaler) withdraw(ctx context.Context, id, tenant, cause string) error {
 			return err
 		}
 		rec.State = policy.State{}
+		rec.Withdrawn, rec.DeclSeq = true, seq
 		return nil
 	})
 }

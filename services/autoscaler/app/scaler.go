@@ -111,12 +111,21 @@ func (s *scaler) onSample(ctx context.Context, ev *shizuv1.TrafficSampled, _ bus
 		s.log.DebugContext(ctx, "traffic sample for a pool without policy", "pool", ev.GetPoolId())
 		return nil
 	}
+	return s.scaleOnSample(ctx, pool, ev)
+}
+
+// scaleOnSample records a sample of pool, whose policy was read before,
+// and decides at the sample's time.
+func (s *scaler) scaleOnSample(ctx context.Context, pool policy.Pool, ev *shizuv1.TrafficSampled) error {
 	sample := sampleOf(ev)
 	cause := ev.GetMeta().GetEventId()
 	decisionID := "scale:" + pool.ID + ":" + cause
 	var added []string
-	err = s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
+	err := s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
 		added = nil
+		if s.withdrawn(pool, rec) {
+			return errNoChange
+		}
 		st, fresh := policy.Observe(rec.State, sample)
 		if !fresh {
 			return errNoChange
@@ -181,34 +190,53 @@ func (s *scaler) tickPools(ctx context.Context, now time.Time) {
 		s.log.WarnContext(ctx, "could not read the pools declared through the bus", "err", err)
 	}
 	for _, pool := range pools {
-		id := "scale:" + pool.ID + ":tick:" + strconv.FormatInt(now.UnixMilli(), 10)
-		var added []string
-		err := s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
-			added = nil
-			d, next := policy.Decide(pool, rec.State, now)
-			if !d.Changed() && next == rec.State {
-				return errNoChange
-			}
-			before := len(rec.Rentals)
-			if err := s.apply(ctx, pool, rec, d, id, ""); err != nil {
-				return err
-			}
-			for _, r := range rec.Rentals[min(before, len(rec.Rentals)):] {
-				added = append(added, r.ID)
-			}
-			rec.State = next
-			return nil
-		})
-		if err != nil {
-			s.log.WarnContext(ctx, "pool tick failed", "pool", pool.ID, "err", err)
-			continue
+		s.tickPool(ctx, pool, now)
+	}
+}
+
+// tickPool re-evaluates pool, whose policy was read before, at now.
+func (s *scaler) tickPool(ctx context.Context, pool policy.Pool, now time.Time) {
+	id := "scale:" + pool.ID + ":tick:" + strconv.FormatInt(now.UnixMilli(), 10)
+	var added []string
+	err := s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
+		added = nil
+		if s.withdrawn(pool, rec) {
+			return errNoChange
 		}
-		if pool.ProvisionAhead && len(added) > 0 {
-			if err := s.provisionAhead(ctx, pool, added, id); err != nil {
-				s.log.WarnContext(ctx, "provisioning ahead of a scale-out failed", "pool", pool.ID, "err", err)
-			}
+		d, next := policy.Decide(pool, rec.State, now)
+		if !d.Changed() && next == rec.State {
+			return errNoChange
+		}
+		before := len(rec.Rentals)
+		if err := s.apply(ctx, pool, rec, d, id, ""); err != nil {
+			return err
+		}
+		for _, r := range rec.Rentals[min(before, len(rec.Rentals)):] {
+			added = append(added, r.ID)
+		}
+		rec.State = next
+		return nil
+	})
+	if err != nil {
+		s.log.WarnContext(ctx, "pool tick failed", "pool", pool.ID, "err", err)
+		return
+	}
+	if pool.ProvisionAhead && len(added) > 0 {
+		if err := s.provisionAhead(ctx, pool, added, id); err != nil {
+			s.log.WarnContext(ctx, "provisioning ahead of a scale-out failed", "pool", pool.ID, "err", err)
 		}
 	}
+}
+
+// withdrawn reports that pool was withdrawn since its policy was read: the
+// update must change nothing. The policy file's pools cannot be withdrawn
+// (a flag left by a bus pool of the same id before the file named it does
+// not stop them).
+func (s *scaler) withdrawn(pool policy.Pool, rec *poolRecord) bool {
+	if _, inFile := s.pools[pool.ID]; inFile {
+		return false
+	}
+	return rec.Withdrawn
 }
 
 // apply publishes a changed decision and the rentals it requests or

@@ -14,10 +14,17 @@ import (
 
 // poolRecord is what the autoscaler keeps per pool in Redis: the policy
 // state and the pool's rentals, oldest first. Scale-in cancels the newest.
+// Withdrawn is set by the withdrawal of a pool declared through the bus and
+// cleared when it is declared again; DeclSeq is the SCALING stream sequence
+// of the declaration or withdrawal that last set or cleared it. A sample or
+// tick that read the pool's policy before the withdrawal finds the flag
+// here (the record is WATCHed) and changes nothing.
 type poolRecord struct {
-	State   policy.State `json:"state"`
-	Seq     int          `json:"seq"`
-	Rentals []poolRental `json:"rentals"`
+	State     policy.State `json:"state"`
+	Seq       int          `json:"seq"`
+	Rentals   []poolRental `json:"rentals"`
+	Withdrawn bool         `json:"withdrawn,omitempty"`
+	DeclSeq   uint64       `json:"decl_seq,omitempty"`
 }
 
 type poolRental struct {

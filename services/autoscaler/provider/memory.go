@@ -22,8 +22,7 @@ type Call struct {
 
 // Memory is an in-process provider whose nodes are only records: it
 // records every call and can be told to fail. Tests use it where no agent
-// process is wanted, and an embedding process (`shizu dev`) may start its
-// own agents from the ids it hands out through OnProvision.
+// process is wanted.
 type Memory struct {
 	mu    sync.Mutex
 	seq   int
@@ -33,9 +32,7 @@ type Memory struct {
 	SpotCapacity int
 	// Fail, when set, is returned by the next calls to Provision.
 	Fail error
-	// OnProvision is called (outside the lock) with each new node.
-	OnProvision func(Node)
-	Now         func() time.Time
+	Now  func() time.Time
 }
 
 // NewMemory returns an empty in-memory provider with unlimited spot.
@@ -84,13 +81,7 @@ func (m *Memory) Provision(ctx context.Context, instanceType string, market Mark
 		ids[i] = nd.ID
 	}
 	m.calls = append(m.calls, Call{Op: "provision", InstanceType: instanceType, Market: market, Zone: zone, N: n, IDs: ids})
-	hook := m.OnProvision
 	m.mu.Unlock()
-	if hook != nil {
-		for _, nd := range created {
-			hook(nd)
-		}
-	}
 	return ids, nil
 }
 
