@@ -51,6 +51,8 @@ type Config struct {
 	FastAck bool
 	// KeyPrefix prefixes every Redis key of metering.
 	KeyPrefix string
+
+	envErrs []error // SHIZU_METERING_* values that did not parse
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -84,12 +86,16 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		if v, ok := os.LookupEnv(key); ok {
 			if parsed, err := time.ParseDuration(v); err == nil {
 				*d = parsed
+			} else {
+				c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a duration (e.g. 1m)", key, v))
 			}
 		}
 	}
 	if v, ok := os.LookupEnv("SHIZU_METERING_CONCURRENCY"); ok {
 		if n, err := strconv.Atoi(v); err == nil {
 			c.Concurrency = n
+		} else {
+			c.envErrs = append(c.envErrs, fmt.Errorf("SHIZU_METERING_CONCURRENCY: %q is not a whole number", v))
 		}
 	}
 }
@@ -107,7 +113,7 @@ func durationFlag(d *time.Duration) func(string) error {
 
 // Validate reports every problem in the configuration.
 func (c Config) Validate() error {
-	errs := []error{c.Service.Validate()}
+	errs := append([]error{c.Service.Validate()}, c.envErrs...)
 	if err := c.Rules.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("metering: %w", err))
 	}

@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,5 +51,20 @@ func TestConfigurationProblemsAreAllNamed(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A SHIZU_METERING_* value that does not parse is named, not replaced by
+// the default in silence.
+func TestEnvironmentValuesThatDoNotParseAreNamed(t *testing.T) {
+	t.Setenv("SHIZU_METERING_INTERVAL", "60")
+	t.Setenv("SHIZU_METERING_CONCURRENCY", "four")
+	cfg := app.DefaultConfig()
+	cfg.RegisterFlags(flag.NewFlagSet("metering", flag.ContinueOnError))
+	err := cfg.Validate()
+	for _, want := range []string{`SHIZU_METERING_INTERVAL: "60" is not a duration`, `SHIZU_METERING_CONCURRENCY: "four" is not a whole number`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v; want it to say %q", err, want)
+		}
 	}
 }
