@@ -162,12 +162,12 @@ func (f *Failover) Start(ctx context.Context, consumers []bus.Consumer) ([]servi
 			return nil, err
 		}
 		disconnects = ch
-		parts = append(parts, stopFunc(func(context.Context) error { stop(); return nil }))
+		parts = append(parts, service.PartFunc(func(context.Context) error { stop(); return nil }))
 	}
 	loopCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- f.Run(loopCtx, disconnects) }()
-	parts = append(parts, stopFunc(func(context.Context) error {
+	parts = append(parts, service.PartFunc(func(context.Context) error {
 		cancel()
 		return <-done
 	}))
@@ -185,8 +185,3 @@ func (f *Failover) Start(ctx context.Context, consumers []bus.Consumer) ([]servi
 	}
 	return parts, nil
 }
-
-// stopFunc adapts a function to a service.Part.
-type stopFunc func(ctx context.Context) error
-
-func (f stopFunc) Stop(ctx context.Context) error { return f(ctx) }

@@ -5,23 +5,68 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/proto"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/failover/detect"
+	"github.com/shizu-gpu/shizu/services/failover/migrate"
 	"github.com/shizu-gpu/shizu/shared/fault"
+)
+
+// What failover needs of its records, one interface per kind (each has a
+// contract suite in failovertest that the Redis records below and the
+// fakes there pass).
+type (
+	// placementRecords hold each rental's latest placement.
+	placementRecords interface {
+		// Put stores p unless a newer attempt is stored already.
+		Put(ctx context.Context, rental string, p migrate.Placement) error
+		// Forget drops the record if it is still the given attempt.
+		Forget(ctx context.Context, rental string, attempt int32) error
+		// Get returns the latest placement; ok is false when failover never
+		// saw the rental scheduled.
+		Get(ctx context.Context, rental string) (p migrate.Placement, ok bool, err error)
+		// GetMany reads many at once; rentals never seen scheduled are missing.
+		GetMany(ctx context.Context, rentals []string) (map[string]migrate.Placement, error)
+	}
+	// moveRecords hold the moves in flight.
+	moveRecords interface {
+		Put(ctx context.Context, m migrate.Record) error
+		// PutMany stores moves atomically.
+		PutMany(ctx context.Context, ms []migrate.Record) error
+		// UpdateMany rewrites the moves that are still recorded: a move
+		// completed (dropped) meanwhile must not come back.
+		UpdateMany(ctx context.Context, ms []migrate.Record) error
+		Get(ctx context.Context, rental string) (m migrate.Record, ok bool, err error)
+		// GetMany reads many at once; rentals without a move are missing.
+		GetMany(ctx context.Context, rentals []string) (map[string]migrate.Record, error)
+		// List lists the rentals with a move recorded.
+		List(ctx context.Context) ([]string, error)
+		Drop(ctx context.Context, rental string) error
+	}
+	// quarantineRecords hold the nodes failover took out of service for
+	// flapping (Node, Epoch and Until are kept).
+	quarantineRecords interface {
+		Put(ctx context.Context, q detect.Quarantine) error
+		// List returns every quarantine, by node.
+		List(ctx context.Context) ([]detect.Quarantine, error)
+		Drop(ctx context.Context, node string) error
+	}
 )
 
 // records is failover's own state in Redis, beside the capacity store:
 //
 //	<prefix>:failover:rental:<rental>     hash    attempt, tenant, node, spec (protobuf) of
 //	                                              the rental's latest placement (from RentalScheduled)
-//	<prefix>:failover:migration:<rental>  string  JSON migration in flight (until RentalMigrated)
+//	<prefix>:failover:migration:<rental>  string  JSON migrate.Record in flight (until RentalMigrated)
 //	<prefix>:failover:migrations          set     rentals with a migration in flight
-//	<prefix>:failover:quarantine          hash    node -> JSON quarantine
+//	<prefix>:failover:quarantine          hash    node -> JSON {epoch, until}
 //
 // Placements are written by a script that keeps the highest attempt, so a
 // redelivered old RentalScheduled never overwrites a newer one.
@@ -30,21 +75,20 @@ type records struct {
 	prefix string
 }
 
+// The Redis records of each kind.
+type (
+	redisPlacements  struct{ records }
+	redisMoves       struct{ records }
+	redisQuarantines struct{ records }
+)
+
 func (r records) rentalKey(id string) string    { return r.prefix + ":failover:rental:" + id }
 func (r records) migrationKey(id string) string { return r.prefix + ":failover:migration:" + id }
 func (r records) migrationsKey() string         { return r.prefix + ":failover:migrations" }
 func (r records) quarantineKey() string         { return r.prefix + ":failover:quarantine" }
 
 func unavailable(op string, err error) error {
-	return fmt.Errorf("failover records: %s: %w: %v", op, fault.ErrUnavailable, err)
-}
-
-// placement is what failover knows of a rental's latest placement.
-type placement struct {
-	Attempt int32
-	Tenant  string
-	Node    string
-	Spec    *shizuv1.RentalSpec
+	return fmt.Errorf("failover records: %s: %w: %w", op, fault.ErrUnavailable, err)
 }
 
 var putPlacementScript = redis.NewScript(`
@@ -58,10 +102,10 @@ local cur = redis.call('HGET', KEYS[1], 'attempt')
 if cur and tonumber(cur) == tonumber(ARGV[1]) then redis.call('DEL', KEYS[1]) return 1 end
 return 0`)
 
-func (r records) putPlacement(ctx context.Context, rental string, p placement) error {
+func (r redisPlacements) Put(ctx context.Context, rental string, p migrate.Placement) error {
 	spec, err := proto.Marshal(p.Spec)
 	if err != nil {
-		return fault.Invalid("encode spec of %s: %v", rental, err)
+		return fault.Invalid("encode spec of %s: %w", rental, err)
 	}
 	if err := putPlacementScript.Run(ctx, r.rdb, []string{r.rentalKey(rental)}, p.Attempt, p.Tenant, p.Node, spec).Err(); err != nil {
 		return unavailable("store placement", err)
@@ -69,42 +113,38 @@ func (r records) putPlacement(ctx context.Context, rental string, p placement) e
 	return nil
 }
 
-// forgetPlacement drops the record if it is still the given attempt.
-func (r records) forgetPlacement(ctx context.Context, rental string, attempt int32) error {
+func (r redisPlacements) Forget(ctx context.Context, rental string, attempt int32) error {
 	if err := forgetPlacementScript.Run(ctx, r.rdb, []string{r.rentalKey(rental)}, attempt).Err(); err != nil {
 		return unavailable("forget placement", err)
 	}
 	return nil
 }
 
-// placementOf returns the rental's latest placement; ok is false when
-// failover never saw it scheduled.
-func (r records) placementOf(ctx context.Context, rental string) (placement, bool, error) {
+func (r redisPlacements) Get(ctx context.Context, rental string) (migrate.Placement, bool, error) {
 	vals, err := r.rdb.HGetAll(ctx, r.rentalKey(rental)).Result()
 	if err != nil {
-		return placement{}, false, unavailable("read placement", err)
+		return migrate.Placement{}, false, unavailable("read placement", err)
 	}
 	return decodePlacement(rental, vals)
 }
 
-func decodePlacement(rental string, vals map[string]string) (placement, bool, error) {
+func decodePlacement(rental string, vals map[string]string) (migrate.Placement, bool, error) {
 	if len(vals) == 0 {
-		return placement{}, false, nil
+		return migrate.Placement{}, false, nil
 	}
 	a, err := strconv.ParseInt(vals["attempt"], 10, 32)
 	if err != nil {
-		return placement{}, false, fmt.Errorf("failover records: placement of %s: bad attempt %q", rental, vals["attempt"])
+		return migrate.Placement{}, false, fmt.Errorf("failover records: placement of %s: bad attempt %q", rental, vals["attempt"])
 	}
 	spec := &shizuv1.RentalSpec{}
 	if err := proto.Unmarshal([]byte(vals["spec"]), spec); err != nil {
-		return placement{}, false, fmt.Errorf("failover records: placement of %s: %w", rental, err)
+		return migrate.Placement{}, false, fmt.Errorf("failover records: placement of %s: %w", rental, err)
 	}
-	return placement{Attempt: int32(a), Tenant: vals["tenant"], Node: vals["node"], Spec: spec}, true, nil
+	return migrate.Placement{Attempt: int32(a), Tenant: vals["tenant"], Node: vals["node"], Spec: spec}, true, nil
 }
 
-// placementsOf reads the latest placement of each rental in one pipelined
-// round trip; rentals failover never saw scheduled are missing.
-func (r records) placementsOf(ctx context.Context, rentals []string) (map[string]placement, error) {
+// GetMany takes one pipelined round trip.
+func (r redisPlacements) GetMany(ctx context.Context, rentals []string) (map[string]migrate.Placement, error) {
 	cmds := make([]*redis.MapStringStringCmd, len(rentals))
 	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range rentals {
@@ -114,7 +154,7 @@ func (r records) placementsOf(ctx context.Context, rentals []string) (map[string
 	}); err != nil {
 		return nil, unavailable("read placements", err)
 	}
-	out := make(map[string]placement, len(rentals))
+	out := make(map[string]migrate.Placement, len(rentals))
 	for i, id := range rentals {
 		p, ok, err := decodePlacement(id, cmds[i].Val())
 		if err != nil {
@@ -127,9 +167,8 @@ func (r records) placementsOf(ctx context.Context, rentals []string) (map[string
 	return out, nil
 }
 
-// migrationsOf reads the migration in flight of each rental in one
-// pipelined round trip; rentals without one are missing.
-func (r records) migrationsOf(ctx context.Context, rentals []string) (map[string]migration, error) {
+// GetMany takes one pipelined round trip.
+func (r redisMoves) GetMany(ctx context.Context, rentals []string) (map[string]migrate.Record, error) {
 	cmds := make([]*redis.StringCmd, len(rentals))
 	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range rentals {
@@ -139,7 +178,7 @@ func (r records) migrationsOf(ctx context.Context, rentals []string) (map[string
 	}); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, unavailable("read migrations", err)
 	}
-	out := make(map[string]migration, len(rentals))
+	out := make(map[string]migrate.Record, len(rentals))
 	for i, id := range rentals {
 		raw, err := cmds[i].Bytes()
 		if errors.Is(err, redis.Nil) {
@@ -148,7 +187,7 @@ func (r records) migrationsOf(ctx context.Context, rentals []string) (map[string
 		if err != nil {
 			return nil, unavailable("read migration", err)
 		}
-		var m migration
+		var m migrate.Record
 		if err := json.Unmarshal(raw, &m); err != nil {
 			return nil, fmt.Errorf("failover records: migration of %s: %w", id, err)
 		}
@@ -157,18 +196,26 @@ func (r records) migrationsOf(ctx context.Context, rentals []string) (map[string
 	return out, nil
 }
 
-// putMigrations stores moves in one MULTI/EXEC.
-func (r records) putMigrations(ctx context.Context, ms []migration) error {
-	if len(ms) == 0 {
-		return nil
-	}
+func encodeMoves(ms []migrate.Record) ([][]byte, error) {
 	raws := make([][]byte, len(ms))
 	for i, m := range ms {
 		raw, err := json.Marshal(m)
 		if err != nil {
-			return fmt.Errorf("encode migration %s: %w", m.Rental, err)
+			return nil, fmt.Errorf("encode migration %s: %w", m.Rental, err)
 		}
 		raws[i] = raw
+	}
+	return raws, nil
+}
+
+// PutMany takes one MULTI/EXEC.
+func (r redisMoves) PutMany(ctx context.Context, ms []migrate.Record) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	raws, err := encodeMoves(ms)
+	if err != nil {
+		return err
 	}
 	pipe := r.rdb.TxPipeline()
 	ids := make([]any, len(ms))
@@ -183,21 +230,16 @@ func (r records) putMigrations(ctx context.Context, ms []migration) error {
 	return nil
 }
 
-// updateMigrations rewrites moves that are still recorded (SET XX), in one
-// pipelined round trip: a RentalStarted of the new attempt may have
-// completed a move (and dropped its record) meanwhile, and must not see
-// it come back.
-func (r records) updateMigrations(ctx context.Context, ms []migration) error {
+// UpdateMany rewrites with SET XX, in one pipelined round trip: a
+// RentalStarted of the new attempt may have completed a move (and dropped
+// its record) meanwhile.
+func (r redisMoves) UpdateMany(ctx context.Context, ms []migrate.Record) error {
 	if len(ms) == 0 {
 		return nil
 	}
-	raws := make([][]byte, len(ms))
-	for i, m := range ms {
-		raw, err := json.Marshal(m)
-		if err != nil {
-			return fmt.Errorf("encode migration %s: %w", m.Rental, err)
-		}
-		raws[i] = raw
+	raws, err := encodeMoves(ms)
+	if err != nil {
+		return err
 	}
 	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, m := range ms {
@@ -210,42 +252,7 @@ func (r records) updateMigrations(ctx context.Context, ms []migration) error {
 	return nil
 }
 
-// Migration modes.
-const (
-	// modeBreak: the old run is gone (or stopped first); the allocation is
-	// released before the scheduler hears of the move.
-	modeBreak = "break"
-	// modeMakeBeforeBreak: the old run goes on until the replacement
-	// started; the scheduler releases the old allocation as it places.
-	modeMakeBeforeBreak = "make-before-break"
-)
-
-// migration is a move in flight, from the decision to RentalMigrated.
-type migration struct {
-	Rental      string    `json:"rental"`
-	Tenant      string    `json:"tenant"`
-	FromNode    string    `json:"from_node"`
-	FromEpoch   uint64    `json:"from_epoch"`
-	FromAttempt int32     `json:"from_attempt"`
-	NextAttempt int32     `json:"next_attempt"`
-	GPUs        []int     `json:"gpus,omitempty"`
-	Reason      int32     `json:"reason"` // shizuv1.MigrationReason
-	Mode        string    `json:"mode"`
-	StopOld     bool      `json:"stop_old,omitempty"` // tell the old node's agent to stop the run
-	LastAlive   time.Time `json:"last_alive,omitzero"`
-	LastBeat    time.Time `json:"last_beat,omitzero"`
-	DecidedAt   time.Time `json:"decided_at"`
-	Cause       string    `json:"cause"` // event id that caused it
-	Published   bool      `json:"published,omitempty"`
-	Scheduled   bool      `json:"scheduled,omitempty"` // fence-to-scheduled measured
-	// Failed says why the move can never be handed over (invalid input);
-	// the sweep leaves it alone and the rental stays on its old node.
-	Failed   string `json:"failed,omitempty"`
-	Class    int    `json:"class"`
-	Priority int    `json:"priority"`
-}
-
-func (r records) putMigration(ctx context.Context, m migration) error {
+func (r redisMoves) Put(ctx context.Context, m migrate.Record) error {
 	raw, err := json.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("encode migration %s: %w", m.Rental, err)
@@ -259,22 +266,22 @@ func (r records) putMigration(ctx context.Context, m migration) error {
 	return nil
 }
 
-func (r records) migrationOf(ctx context.Context, rental string) (migration, bool, error) {
+func (r redisMoves) Get(ctx context.Context, rental string) (migrate.Record, bool, error) {
 	raw, err := r.rdb.Get(ctx, r.migrationKey(rental)).Bytes()
 	if errors.Is(err, redis.Nil) {
-		return migration{}, false, nil
+		return migrate.Record{}, false, nil
 	}
 	if err != nil {
-		return migration{}, false, unavailable("read migration", err)
+		return migrate.Record{}, false, unavailable("read migration", err)
 	}
-	var m migration
+	var m migrate.Record
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return migration{}, false, fmt.Errorf("failover records: migration of %s: %w", rental, err)
+		return migrate.Record{}, false, fmt.Errorf("failover records: migration of %s: %w", rental, err)
 	}
 	return m, true, nil
 }
 
-func (r records) dropMigration(ctx context.Context, rental string) error {
+func (r redisMoves) Drop(ctx context.Context, rental string) error {
 	pipe := r.rdb.TxPipeline()
 	pipe.Del(ctx, r.migrationKey(rental))
 	pipe.SRem(ctx, r.migrationsKey(), rental)
@@ -284,8 +291,7 @@ func (r records) dropMigration(ctx context.Context, rental string) error {
 	return nil
 }
 
-// migrations lists the rentals with a migration in flight.
-func (r records) migrations(ctx context.Context) ([]string, error) {
+func (r redisMoves) List(ctx context.Context) ([]string, error) {
 	ids, err := r.rdb.SMembers(ctx, r.migrationsKey()).Result()
 	if err != nil {
 		return nil, unavailable("list migrations", err)
@@ -293,39 +299,41 @@ func (r records) migrations(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// quarantine is a node failover took out of service for flapping.
-type quarantine struct {
+// storedQuarantine is a quarantine as stored.
+type storedQuarantine struct {
 	Epoch uint64    `json:"epoch"`
 	Until time.Time `json:"until"`
 }
 
-func (r records) putQuarantine(ctx context.Context, node string, q quarantine) error {
-	raw, err := json.Marshal(q)
+func (r redisQuarantines) Put(ctx context.Context, q detect.Quarantine) error {
+	raw, err := json.Marshal(storedQuarantine{Epoch: q.Epoch, Until: q.Until})
 	if err != nil {
 		return err
 	}
-	if err := r.rdb.HSet(ctx, r.quarantineKey(), node, raw).Err(); err != nil {
+	if err := r.rdb.HSet(ctx, r.quarantineKey(), q.Node, raw).Err(); err != nil {
 		return unavailable("store quarantine", err)
 	}
 	return nil
 }
 
-func (r records) quarantines(ctx context.Context) (map[string]quarantine, error) {
+// List skips a record that does not decode.
+func (r redisQuarantines) List(ctx context.Context) ([]detect.Quarantine, error) {
 	all, err := r.rdb.HGetAll(ctx, r.quarantineKey()).Result()
 	if err != nil {
 		return nil, unavailable("read quarantines", err)
 	}
-	out := map[string]quarantine{}
+	var out []detect.Quarantine
 	for node, raw := range all {
-		var q quarantine
+		var q storedQuarantine
 		if json.Unmarshal([]byte(raw), &q) == nil {
-			out[node] = q
+			out = append(out, detect.Quarantine{Node: node, Epoch: q.Epoch, Until: q.Until})
 		}
 	}
+	slices.SortFunc(out, func(a, b detect.Quarantine) int { return strings.Compare(a.Node, b.Node) })
 	return out, nil
 }
 
-func (r records) dropQuarantine(ctx context.Context, node string) error {
+func (r redisQuarantines) Drop(ctx context.Context, node string) error {
 	if err := r.rdb.HDel(ctx, r.quarantineKey(), node).Err(); err != nil {
 		return unavailable("drop quarantine", err)
 	}

@@ -3,8 +3,9 @@
 // in which order a storm of moves is handed to the scheduler (reserved,
 // then on-demand, then spot; higher priority first), how fast (a token
 // bucket, so a rack loss does not flood the scheduler), and the downtime a
-// move cost. It imports neither NATS nor Redis and takes the time as a
-// value.
+// move cost; and what a failure's moves are (PlanMoves: attempt
+// reconciliation) and what the sweep recovers (Stale, Orphans). It imports
+// neither NATS nor Redis and takes the time as a value.
 package migrate
 
 import (
@@ -14,6 +15,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Class orders rentals in a storm: lower moves first.
@@ -64,14 +67,14 @@ func Less(a, b *Move) bool {
 	return strings.Compare(a.Rental, b.Rental) < 0
 }
 
-// OnGPU returns the moves whose rental holds GPU gpu: a single failed GPU
+// OnGPU returns the allocations that hold GPU gpu: a single failed GPU
 // moves only those.
-func OnGPU(moves []Move, gpu int) []Move {
-	var out []Move
-	for _, m := range moves {
-		for _, g := range m.GPUs {
+func OnGPU(allocs []Allocation, gpu int) []Allocation {
+	var out []Allocation
+	for _, a := range allocs {
+		for _, g := range a.GPUs {
 			if g == gpu {
-				out = append(out, m)
+				out = append(out, a)
 				break
 			}
 		}
@@ -98,15 +101,16 @@ func (p Pace) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Queue holds pending moves in storm order and releases them at the pace.
-// Not safe for concurrent use.
+// Queue holds pending moves in storm order and releases them at the pace
+// (a token bucket, full at first). Not safe for concurrent use.
 type Queue struct {
-	pace   Pace
+	bucket *rate.Limiter
 	items  moveHeap
 	queued map[string]bool
 	seq    uint64
-	tokens float64
-	last   time.Time
+	// last is the latest time the bucket was asked at: an earlier now is
+	// taken as last, so a clock step back neither refills nor drains it.
+	last time.Time
 }
 
 // NewQueue returns an empty queue with a full bucket.
@@ -114,7 +118,7 @@ func NewQueue(p Pace) (*Queue, error) {
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("migrate: pace: %w", err)
 	}
-	return &Queue{pace: p, queued: map[string]bool{}, tokens: float64(p.Burst)}, nil
+	return &Queue{bucket: rate.NewLimiter(rate.Limit(p.PerSecond), p.Burst), queued: map[string]bool{}}, nil
 }
 
 // Push adds moves; a rental already queued is not added twice. It returns
@@ -134,44 +138,19 @@ func (q *Queue) Push(moves ...Move) int {
 	return n
 }
 
-// Len is the number of queued moves.
-func (q *Queue) Len() int { return q.items.Len() }
-
-func (q *Queue) refill(now time.Time) {
-	if !q.last.IsZero() && now.After(q.last) {
-		q.tokens += now.Sub(q.last).Seconds() * q.pace.PerSecond
-		q.tokens = min(q.tokens, float64(q.pace.Burst))
-	}
-	if now.After(q.last) {
-		q.last = now
-	}
-}
-
 // Pop returns the moves that may go at now, in storm order.
 func (q *Queue) Pop(now time.Time) []Move {
-	q.refill(now)
+	if now.Before(q.last) {
+		now = q.last
+	}
+	q.last = now
 	var out []Move
-	for q.items.Len() > 0 && q.tokens >= 1 {
+	for q.items.Len() > 0 && q.bucket.AllowN(now, 1) {
 		m := heap.Pop(&q.items).(Move)
 		delete(q.queued, m.Rental)
-		q.tokens--
 		out = append(out, m)
 	}
 	return out
-}
-
-// NextWake is when the next queued move may go; zero when the queue is
-// empty.
-func (q *Queue) NextWake(now time.Time) time.Time {
-	if q.items.Len() == 0 {
-		return time.Time{}
-	}
-	q.refill(now)
-	if q.tokens >= 1 {
-		return now
-	}
-	wait := time.Duration((1 - q.tokens) / q.pace.PerSecond * float64(time.Second))
-	return now.Add(max(wait, time.Millisecond))
 }
 
 type moveHeap []Move
