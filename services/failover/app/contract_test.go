@@ -2,6 +2,7 @@ package app
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/shizu-gpu/shizu/services/failover/app/failovertest"
 	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -24,6 +26,9 @@ var (
 	_ moveRecords       = (*failovertest.Moves)(nil)
 	_ quarantineRecords = (*failovertest.Quarantines)(nil)
 	_ eventBatch        = (*failovertest.Batch)(nil)
+	_ releases          = failovertest.Releases(nil)
+	_ releases          = (*failovertest.Capacity)(nil)
+	_ releases          = (*capacity.Store)(nil)
 )
 
 func redisRecords(t *testing.T) records {
@@ -46,6 +51,46 @@ func TestTheRedisQuarantinesKeepTheContract(t *testing.T) {
 	t.Parallel()
 	failovertest.RunQuarantineRecordsContract(t, func(t *testing.T) failovertest.QuarantineRecords {
 		return redisQuarantines{redisRecords(t)}
+	})
+}
+
+func TestTheCapacityStoreKeepsTheReleasesContract(t *testing.T) {
+	t.Parallel()
+	failovertest.RunReleasesContract(t, func(t *testing.T) failovertest.ReleasesUnderTest {
+		store, err := capacity.New(testkit.StartRedis(t).Client(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		epochs := map[string]uint64{}
+		return failovertest.ReleasesUnderTest{Releases: store,
+			Place: func(t *testing.T, rental, node string) {
+				if epochs[node] == 0 {
+					n := capacity.Node{ID: node, Zone: "z1", Market: capacity.MarketOnDemand, PricePerGPUHourMicros: 2_000_000,
+						Currency: "USD", CPUMilli: 192_000, MemoryMiB: 2 << 20}
+					for i := range 8 {
+						n.GPUs = append(n.GPUs, capacity.GPU{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", node, i), Model: "H100-SXM5-80GB", VRAMMiB: 81920})
+					}
+					if epochs[node], err = store.Register(t.Context(), n); err != nil {
+						t.Fatal(err)
+					}
+				}
+				p := capacity.Placement{RentalID: rental, NodeID: node, Epoch: epochs[node], Tenant: "acme", CPUMilli: 1000, MemoryMiB: 1024,
+					GPUs: []capacity.GPUShare{{Index: 0, Milli: 100, VRAMMiB: 1024}}}
+				if _, err := store.Reserve(t.Context(), p); err != nil {
+					t.Fatal(err)
+				}
+			},
+			Held: func(t *testing.T, node string) []string {
+				as, err := store.Allocations(t.Context(), node)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var out []string
+				for _, a := range as {
+					out = append(out, a.RentalID)
+				}
+				return out
+			}}
 	})
 }
 

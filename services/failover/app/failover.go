@@ -43,6 +43,7 @@ type Failover struct {
 	placements  placementRecords
 	moves       moveRecords
 	quarantines quarantineRecords
+	releases    releases
 	newBatch    func() eventBatch
 
 	mu    sync.Mutex // guards det and queue
@@ -82,8 +83,8 @@ func New(cfg Config, d Deps) (*Failover, error) {
 	}
 	rec := records{rdb: d.Redis, prefix: prefix}
 	return &Failover{cfg: cfg, d: d, placements: redisPlacements{rec}, moves: redisMoves{rec}, quarantines: redisQuarantines{rec},
-		newBatch: func() eventBatch { return newBusBatch(d.Bus) },
-		det:      det, queue: q, wake: make(chan struct{}, 1)}, nil
+		releases: d.Store, newBatch: func() eventBatch { return newBusBatch(d.Bus) },
+		det: det, queue: q, wake: make(chan struct{}, 1)}, nil
 }
 
 // NodeRouter handles the "failover" consumer (node events).

@@ -10,6 +10,18 @@ import (
 	"github.com/shizu-gpu/shizu/shared/subject"
 )
 
+// releases is what the moves need of the capacity store: the old
+// allocations released (break) or handed over (make-before-break). Its
+// contract suite is failovertest.RunReleasesContract.
+type releases interface {
+	// HandOver marks the rental's allocation on the node its previous
+	// run's (idempotent); fault.ErrNotFound when the node holds none.
+	HandOver(ctx context.Context, rental, node string) (capacity.Allocation, error)
+	// ReleaseOn gives back what the node holds of the rentals (live or
+	// handed over) and reports which it released.
+	ReleaseOn(ctx context.Context, node string, rentals ...string) ([]bool, error)
+}
+
 // queueMoves plans a failure's moves (migrate.PlanMoves), records and
 // queues them, reading and writing the records of all of them in a few
 // pipelined round trips.
@@ -34,7 +46,7 @@ func (f *Failover) queueMoves(ctx context.Context, allocs []migrate.Allocation, 
 		return err
 	}
 	if len(p.Release) > 0 {
-		if _, err := f.d.Store.ReleaseOn(ctx, o.Node, p.Release...); err != nil {
+		if _, err := f.releases.ReleaseOn(ctx, o.Node, p.Release...); err != nil {
 			return err
 		}
 	}
@@ -158,7 +170,7 @@ func (f *Failover) releaseOld(ctx context.Context, h *handOver, b eventBatch) ([
 		case migrate.ModeBreak:
 			breaks[m.FromNode] = append(breaks[m.FromNode], m.Rental)
 		case migrate.ModeMakeBeforeBreak:
-			_, err := f.d.Store.HandOver(ctx, m.Rental, m.FromNode)
+			_, err := f.releases.HandOver(ctx, m.Rental, m.FromNode)
 			switch {
 			case err == nil, capacity.IsConflict(err): // handed over, or the rental lives elsewhere already
 			case capacity.IsNotFound(err):
@@ -183,7 +195,7 @@ func (f *Failover) releaseOld(ctx context.Context, h *handOver, b eventBatch) ([
 		out = append(out, r)
 	}
 	for node, rentals := range breaks {
-		if _, err := f.d.Store.ReleaseOn(ctx, node, rentals...); err != nil {
+		if _, err := f.releases.ReleaseOn(ctx, node, rentals...); err != nil {
 			return nil, err
 		}
 	}

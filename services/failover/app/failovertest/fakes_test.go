@@ -46,3 +46,12 @@ func TestAFakeRecordsItsCallsAndFailsThoseItIsToldTo(t *testing.T) {
 		t.Fatalf("calls %v", got)
 	}
 }
+
+func TestTheFakeCapacityKeepsTheContract(t *testing.T) {
+	failovertest.RunReleasesContract(t, func(*testing.T) failovertest.ReleasesUnderTest {
+		c := failovertest.NewCapacity()
+		return failovertest.ReleasesUnderTest{Releases: c,
+			Place: func(_ *testing.T, rental, node string) { c.Place(rental, node) },
+			Held:  func(_ *testing.T, node string) []string { return c.Held(node) }}
+	})
+}
