@@ -1,7 +1,10 @@
 // Package app wires the failover service to the bus and Redis and runs it.
 // Its decisions live in packages beside it that import neither NATS nor
 // Redis: detect (when a node is lost, flapping quarantine) and migrate
-// (which rentals move, storm order and pace, downtime).
+// (which rentals move and at which attempts, what the sweep recovers, storm
+// order and pace, downtime). The app reaches its records, the bus and the
+// capacity store's releases through narrow interfaces, whose contract
+// suites are in failovertest.
 //
 // Watches: the HEARTBEATS bucket (every replica), and optionally the
 // server's client-disconnect advisories. Consumes: node.<node>.{health,
@@ -67,7 +70,10 @@ func DefaultConfig() Config {
 }
 
 // RegisterFlags binds the failover's own flags (the common ones are bound by
-// service.Main), with defaults from SHIZU_FAILOVER_* variables.
+// service.Main). Only the advisory connection reads variables:
+// SHIZU_FAILOVER_ADVISORY_URL and _USER (the defaults of -advisory-url and
+// -advisory-user) and SHIZU_FAILOVER_ADVISORY_PASSWORD (no flag); the
+// other flags have none.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	env := func(key string, into *string) {
 		if v, ok := os.LookupEnv(key); ok {
@@ -166,12 +172,12 @@ func (f *Failover) Start(ctx context.Context, consumers []bus.Consumer) ([]servi
 	}
 	loopCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- f.Run(loopCtx, disconnects) }()
+	go func() { done <- f.run(loopCtx, disconnects) }()
 	parts = append(parts, service.PartFunc(func(context.Context) error {
 		cancel()
 		return <-done
 	}))
-	routers := map[string]*bus.Router{"failover": f.NodeRouter(), "failover-rentals": f.RentalRouter()}
+	routers := map[string]*bus.Router{"failover": f.nodeRouter(), "failover-rentals": f.rentalRouter()}
 	for _, c := range consumers {
 		r, ok := routers[c.Durable]
 		if !ok {

@@ -87,8 +87,8 @@ func New(cfg Config, d Deps) (*Failover, error) {
 		det: det, queue: q, wake: make(chan struct{}, 1)}, nil
 }
 
-// NodeRouter handles the "failover" consumer (node events).
-func (f *Failover) NodeRouter() *bus.Router {
+// nodeRouter handles the "failover" consumer (node events).
+func (f *Failover) nodeRouter() *bus.Router {
 	r := bus.NewRouter()
 	bus.On(r, f.onHealth)
 	bus.On(r, f.onInterruption)
@@ -97,8 +97,8 @@ func (f *Failover) NodeRouter() *bus.Router {
 	return r
 }
 
-// RentalRouter handles the "failover-rentals" consumer.
-func (f *Failover) RentalRouter() *bus.Router {
+// rentalRouter handles the "failover-rentals" consumer.
+func (f *Failover) rentalRouter() *bus.Router {
 	r := bus.NewRouter()
 	bus.On(r, f.onScheduled)
 	bus.On(r, f.onStarted)
@@ -113,9 +113,9 @@ func (f *Failover) kick() {
 	}
 }
 
-// Run watches heartbeats (and disconnects, when given) and acts on
+// run watches heartbeats (and disconnects, when given) and acts on
 // decisions until ctx ends.
-func (f *Failover) Run(ctx context.Context, disconnects <-chan Disconnect) error {
+func (f *Failover) run(ctx context.Context, disconnects <-chan Disconnect) error {
 	changes, err := f.d.Heartbeats.Watch(ctx)
 	if err != nil {
 		return err

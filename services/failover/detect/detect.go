@@ -327,12 +327,6 @@ func (n *node) recentLosses(now time.Time, window time.Duration) int {
 	return len(n.losses)
 }
 
-// Quarantined reports whether node is quarantined at now.
-func (d *Detector) Quarantined(id string, now time.Time) bool {
-	n := d.nodes[id]
-	return n != nil && now.Before(n.until)
-}
-
 // Decisions is what a tick decided.
 type Decisions struct {
 	// Lost nodes, worst first (see Reason), then by node id.
@@ -467,9 +461,6 @@ func (d *Detector) LastBeat(id string) time.Time {
 	}
 	return time.Time{}
 }
-
-// Forget drops a node (removed from the fleet).
-func (d *Detector) Forget(id string) { delete(d.nodes, id) }
 
 // NodeFromClientName reads the node id out of a node agent's NATS
 // connection name, "node-agent:<node>"; the disconnect advisory carries it.

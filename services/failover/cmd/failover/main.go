@@ -1,6 +1,8 @@
-// Command failover runs the Shizu failover service. Configuration comes from flags,
-// which default to SHIZU_* environment variables; run with -h for the list
-// and -validate to check a configuration without starting.
+// Command failover runs the Shizu failover service. Configuration comes from
+// flags; the common ones (NATS, Redis, HTTP, logging) and the advisory
+// connection's default to SHIZU_* environment variables (see
+// app.Config.RegisterFlags). Run with -h for the list and -validate to check
+// a configuration without starting.
 package main
 
 import (
