@@ -1,7 +1,6 @@
 package app_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -144,7 +143,7 @@ func TestTheStormIsHandedOverReservedFirst(t *testing.T) {
 func sumCounter(t testing.TB, reader *metric.ManualReader, name string, attr ...string) int64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
+	if err := reader.Collect(t.Context(), &rm); err != nil {
 		t.Fatal(err)
 	}
 	var total int64
@@ -175,7 +174,7 @@ func sumCounter(t testing.TB, reader *metric.ManualReader, name string, attr ...
 func histogramCount(t testing.TB, reader *metric.ManualReader, name string) uint64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
+	if err := reader.Collect(t.Context(), &rm); err != nil {
 		t.Fatal(err)
 	}
 	var n uint64

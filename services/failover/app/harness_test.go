@@ -53,7 +53,7 @@ func newEnvWith(t testing.TB, ttl time.Duration, server *testkit.NATS) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = e.admin.Close(context.Background()) })
+	t.Cleanup(func() { _ = e.admin.Close(context.WithoutCancel(t.Context())) })
 	if err := e.admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatal(err)
 	}
@@ -107,11 +107,13 @@ func (e *env) startReplica(t testing.TB, cfg app.Config, name string, m *app.Met
 		t.Fatal(err)
 	}
 	svc, _ := topology.ServiceNamed(topology.Failover)
-	ctx, cancel := context.WithCancel(context.Background())
+	// The replica outlives t.Context(), which ends before the cleanup that
+	// stops it gracefully.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	parts, err := f.Start(ctx, svc.Consumers)
 	r := &replica{f: f, parts: parts}
 	t.Cleanup(func() {
-		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		stopCtx, stop := context.WithTimeout(context.WithoutCancel(t.Context()), 10*time.Second)
 		defer stop()
 		for i := len(r.parts) - 1; i >= 0; i-- {
 			_ = r.parts[i].Stop(stopCtx)

@@ -181,6 +181,9 @@ func TestAttemptsOfTheMovesHandedOver(t *testing.T) {
 	}
 	var stopped []string
 	for _, s := range delivered[*shizuv1.StopRental](h) {
+		if s.GetReason() != shizuv1.ExitReason_EXIT_REASON_NODE_FAILED || s.GetNodeId() != "n1" {
+			t.Errorf("stop %v, want n1's run stopped for NODE_FAILED", s)
+		}
 		stopped = append(stopped, fmt.Sprintf("%s@%d", s.GetRentalId(), s.GetAttempt()))
 	}
 	slices.Sort(stopped)
@@ -425,5 +428,38 @@ func TestMovesWaitForALossDueWithinATick(t *testing.T) {
 	}
 	if ms := h.f.due(t0.Add(300*time.Millisecond), false); len(ms) != 1 {
 		t.Fatalf("%d moves after the hold, want 1", len(ms))
+	}
+}
+
+func TestTheNextAttemptsScheduleIsMeasuredOnceAndTheLatestPlacementKept(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, harnessConfig())
+	h.rent(t, "r1", shizuv1.Plan_PLAN_ON_DEMAND)
+	if err := h.moves.Put(t.Context(), failovertest.Record("r1")); err != nil {
+		t.Fatal(err)
+	}
+	scheduled := func(attempt int32, node string) *shizuv1.RentalScheduled {
+		return &shizuv1.RentalScheduled{Meta: shizuv1.NewMeta(fmt.Sprintf("rental:r1:scheduled:%d", attempt), "scheduler", "", "r1", t0),
+			RentalId: "r1", TenantId: "acme", NodeId: node, Attempt: attempt, Spec: &shizuv1.RentalSpec{Plan: shizuv1.Plan_PLAN_ON_DEMAND}}
+	}
+	for _, ev := range []*shizuv1.RentalScheduled{scheduled(2, "n2"), scheduled(1, "n1"), scheduled(2, "n2")} {
+		if err := h.f.onScheduled(t.Context(), ev, bus.Delivery{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m, _ := h.record(t, "r1"); !m.Scheduled {
+		t.Fatalf("the move %+v is not marked scheduled", m)
+	}
+	puts := 0
+	for _, c := range h.moves.Calls.Calls() {
+		if c == "Put" {
+			puts++
+		}
+	}
+	if puts != 2 { // the fixture's, and the first schedule of attempt 2
+		t.Fatalf("%d writes of the move, want it marked once", puts-1)
+	}
+	if p, _, err := h.placements.Get(t.Context(), "r1"); err != nil || p.Attempt != 2 || p.Node != "n2" {
+		t.Fatalf("placement %+v (%v), want attempt 2 on n2 (a redelivered attempt 1 does not win)", p, err)
 	}
 }
