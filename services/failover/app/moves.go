@@ -91,7 +91,7 @@ func planHandOver(ms []migrate.Record) handOver {
 			_, err = subject.Format(subject.AgentCmd, m.FromNode, "stop")
 		}
 		if err != nil {
-			m.Failed = fault.Invalid("%w", err).Error()
+			m.Failed = err.Error()
 			h.failed = append(h.failed, m)
 			continue
 		}
@@ -100,14 +100,15 @@ func planHandOver(ms []migrate.Record) handOver {
 	return h
 }
 
-// fail records that m can never be handed over.
+// fail sets m aside: it can never be handed over.
 func (f *Failover) fail(ctx context.Context, h *handOver, m migrate.Record, err error) {
 	m.Failed = err.Error()
 	h.failed = append(h.failed, m)
-	f.failed(ctx, m)
+	f.reportFailed(ctx, m)
 }
 
-func (f *Failover) failed(ctx context.Context, m migrate.Record) {
+// reportFailed logs and counts a move that can never be handed over.
+func (f *Failover) reportFailed(ctx context.Context, m migrate.Record) {
 	f.d.Log.ErrorContext(ctx, "a rental cannot be moved; it is left on its old node, recorded as failed", "rental", m.Rental,
 		"tenant", m.Tenant, "node", m.FromNode, "err", m.Failed)
 	f.d.Metrics.moveFailed(ctx, shizuv1.MigrationReason(m.Reason).String())
@@ -135,7 +136,7 @@ func (f *Failover) moveAll(ctx context.Context, ms []migrate.Record, b eventBatc
 	}
 	h := planHandOver(ms)
 	for _, m := range h.failed {
-		f.failed(ctx, m)
+		f.reportFailed(ctx, m)
 	}
 	ids := make([]string, len(h.ready))
 	for i, r := range h.ready {
