@@ -6,14 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sort"
-	"strconv"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
@@ -33,7 +30,7 @@ type Meter struct {
 	cat      *pricing.Catalogue
 	rules    ledger.Rules
 	grace    time.Duration
-	accounts Accounts
+	accounts ledger.Accounts
 	store    *redisstore.Store
 	conn     *bus.Conn
 	log      *slog.Logger
@@ -262,7 +259,7 @@ func (m *Meter) started(d bus.Delivery) (redisstore.SegmentEvent, error) {
 	ref := redisstore.SegmentRef{RentalID: ev.GetRentalId(), Attempt: ev.GetAttempt()}
 	at := ev.GetStartedAt().AsTime()
 	// The closer first looks at it when its first interval can close.
-	return redisstore.StartedEvent(ref, ev.GetNodeId(), at, nextBoundary(at, m.rules.Interval).Add(m.grace)), nil
+	return redisstore.StartedEvent(ref, ev.GetNodeId(), at, ledger.NextBoundary(at, m.rules.Interval).Add(m.grace)), nil
 }
 
 func (m *Meter) stopped(d bus.Delivery) (redisstore.SegmentEvent, error) {
@@ -383,7 +380,7 @@ func (m *Meter) onUsage(ctx context.Context, ds []bus.Delivery) []error {
 			fresh++
 		}
 		ev := recs[j]
-		if b, ok := m.accounts.budget(ev.GetTenantId()); !ok || b.Currency != ev.GetAmount().GetCurrency() {
+		if b, ok := m.accounts.Budget(ev.GetTenantId()); !ok || b.Currency != ev.GetAmount().GetCurrency() {
 			continue
 		}
 		k := period{ev.GetTenantId(), ev.GetIntervalStart().AsTime().UTC().Format("2006-01")}
@@ -393,7 +390,7 @@ func (m *Meter) onUsage(ctx context.Context, ds []bus.Delivery) []error {
 	m.metrics.applied.Add(ctx, fresh)
 	m.metrics.duplicates.Add(ctx, int64(len(applied))-fresh)
 	for k, spent := range spends {
-		budget, _ := m.accounts.budget(k.tenant)
+		budget, _ := m.accounts.Budget(k.tenant)
 		if err := m.alertBudget(ctx, budget, k.month, spent); err != nil {
 			for _, i := range recordsOf[k] {
 				out[i] = err
@@ -412,20 +409,14 @@ func (m *Meter) onUsage(ctx context.Context, ds []bus.Delivery) []error {
 // crash between publishing and marking, publish it again under the same
 // id, which the stream stores once.
 func (m *Meter) alertBudget(ctx context.Context, budget ledger.Budget, month string, spent int64) error {
-	reached := budget.Reached(spent)
-	if len(reached) == 0 {
+	if len(budget.Reached(spent)) == 0 {
 		return nil
 	}
 	done, err := m.store.Alerts(ctx, budget.TenantID, month)
 	if err != nil {
 		return err
 	}
-	var todo []ledger.Threshold
-	for _, t := range reached {
-		if !slices.Contains(done, t.Micros) {
-			todo = append(todo, t)
-		}
-	}
+	todo := ledger.DueAlerts(budget, spent, done)
 	if len(todo) == 0 {
 		return nil
 	}
@@ -439,7 +430,7 @@ func (m *Meter) alertBudget(ctx context.Context, budget ledger.Budget, month str
 	}
 	batch := m.conn.NewBatch()
 	for _, t := range todo {
-		if err := batch.Publish(ctx, subj, budgetCrossed(budget, t, start, spent, m.now(), m.source)); err != nil {
+		if err := batch.Publish(ctx, subj, ledger.BudgetCrossed(budget, t, start, spent, m.now(), m.source)); err != nil {
 			return err
 		}
 	}
@@ -460,54 +451,20 @@ func (m *Meter) alertBudget(ctx context.Context, budget ledger.Budget, month str
 	return nil
 }
 
-// budgetCrossed is the event of a budget's threshold t reached by spent in
-// the month starting at start.
-func budgetCrossed(b ledger.Budget, t ledger.Threshold, start time.Time, spent int64, now time.Time, source string) *shizuv1.BudgetThresholdCrossed {
-	id := "budget:" + b.TenantID + ":" + b.Name() + ":" + start.Format("2006-01") + ":" + strconv.FormatInt(t.Micros, 10)
-	ev := &shizuv1.BudgetThresholdCrossed{
-		Meta:     &shizuv1.EventMeta{EventId: id, OccurredAt: timestamppb.New(now), Source: source, CorrelationId: b.TenantID},
-		TenantId: b.TenantID, BudgetId: b.Name(),
-		PeriodStart: timestamppb.New(start), PeriodEnd: timestamppb.New(start.AddDate(0, 1, 0)),
-		Threshold:        &shizuv1.Money{Micros: t.Micros, Currency: b.Currency},
-		ThresholdPercent: t.Percent,
-		Spent:            &shizuv1.Money{Micros: spent, Currency: b.Currency},
-	}
-	if t.Percent != 0 {
-		ev.BudgetAmount = &shizuv1.Money{Micros: b.AmountMicros, Currency: b.Currency}
-	}
-	return ev
-}
-
-// tariff is what seg is priced at.
+// tariff is what seg is priced at (the spot history read up to its end).
 func (m *Meter) tariff(ctx context.Context, seg ledger.Segment) (ledger.Tariff, error) {
-	list, err := m.cat.OnDemand(seg.Model)
-	if err != nil {
-		return ledger.Tariff{}, fault.Invalid("rental %s: %v", seg.RentalID, err)
-	}
-	t := ledger.Tariff{Base: list}
-	switch seg.Plan {
-	case shizuv1.Plan_PLAN_RESERVED:
-		if c, ok := m.accounts.commitment(seg.TenantID, seg.Model, seg.Start); ok {
-			rate, err := c.Rate(m.cat)
-			if err != nil {
-				return ledger.Tariff{}, err
-			}
-			t.Base = rate
-		}
-	case shizuv1.Plan_PLAN_SPOT:
-		// Before the zone's first market price: the catalogue's spot default.
-		if t.Base, err = m.cat.SpotDefault(seg.Model); err != nil {
-			return ledger.Tariff{}, fault.Invalid("rental %s: %v", seg.RentalID, err)
-		}
+	var spot []ledger.PricePoint
+	if ledger.NeedsSpotHistory(seg) {
 		var until time.Time
 		if seg.Ended() {
 			until = seg.End
 		}
-		if t.Spot, err = m.store.SpotPrices(ctx, seg.Zone, seg.Model, until); err != nil {
+		var err error
+		if spot, err = m.store.SpotPrices(ctx, seg.Zone, seg.Model, until); err != nil {
 			return ledger.Tariff{}, err
 		}
 	}
-	return t, nil
+	return ledger.TariffOf(m.cat, m.accounts, seg, spot)
 }
 
 // closeSegments loads segments and closes them (closeStates), returning
@@ -655,14 +612,8 @@ func (m *Meter) plan(ctx context.Context, st ledger.SegmentState, until time.Tim
 	if due.Before(seg.Start) {
 		due = seg.Start
 	}
-	due = nextBoundary(due, m.rules.Interval).Add(m.grace)
+	due = ledger.NextBoundary(due, m.rules.Interval).Add(m.grace)
 	return recs, redisstore.Advance{Ref: ref, Cursor: cursor, Due: due, Finished: st.Finished()}, true, nil
-}
-
-// nextBoundary is the first multiple of interval since the Unix epoch after t.
-func nextBoundary(t time.Time, interval time.Duration) time.Time {
-	step := int64(interval / time.Second)
-	return time.Unix((t.Unix()/step+1)*step, 0).UTC()
 }
 
 // CloseDue reads the watermark, then closes every segment whose next
@@ -736,35 +687,4 @@ func (m *Meter) startCloser(ctx context.Context, tick time.Duration) *closer {
 		}
 	}()
 	return c
-}
-
-// Accounts are the tenants' commitments and budgets.
-type Accounts struct {
-	Commitments []ledger.Commitment `json:"commitments"`
-	Budgets     []ledger.Budget     `json:"budgets"`
-}
-
-func (a Accounts) budget(tenant string) (ledger.Budget, bool) {
-	for _, b := range a.Budgets {
-		if b.TenantID == tenant {
-			return b, true
-		}
-	}
-	return ledger.Budget{}, false
-}
-
-// commitment is the tenant's earliest-started commitment for model in force
-// at t.
-func (a Accounts) commitment(tenant, model string, t time.Time) (ledger.Commitment, bool) {
-	var found []ledger.Commitment
-	for _, c := range a.Commitments {
-		if c.TenantID == tenant && c.Model == model && !t.Before(c.Start) && t.Before(c.End()) {
-			found = append(found, c)
-		}
-	}
-	if len(found) == 0 {
-		return ledger.Commitment{}, false
-	}
-	sort.Slice(found, func(i, j int) bool { return found[i].Start.Before(found[j].Start) })
-	return found[0], true
 }
