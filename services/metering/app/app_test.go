@@ -318,7 +318,7 @@ func TestRunningRentalsAreClosedAtEveryIntervalBoundary(t *testing.T) {
 	e.publish(t, running.events())
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := store.Segment(context.Background(), redisstore.SegmentRef{RentalID: "long", Attempt: 1})
+		st, err := segment(store, ledger.SegmentRef{RentalID: "long", Attempt: 1})
 		if err != nil || st.StartedAt.IsZero() || !st.Scheduled {
 			return fmt.Errorf("not started yet (%v)", err)
 		}
@@ -751,9 +751,9 @@ func TestTheCloserTakesFinishedSegmentsOffTheDueList(t *testing.T) {
 		segs: []seg{{node: "node-1", start: base, stop: base.Add(90 * time.Second), exit: shizuv1.ExitReason_EXIT_REASON_COMPLETED}}}
 	e.publish(t, done.events())
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
-	ref := redisstore.SegmentRef{RentalID: "done", Attempt: 1}
+	ref := ledger.SegmentRef{RentalID: "done", Attempt: 1}
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := store.Segment(context.Background(), ref)
+		st, err := segment(store, ref)
 		if err != nil || !st.Done {
 			return fmt.Errorf("not finished yet (%v)", err)
 		}
@@ -770,7 +770,7 @@ func TestTheCloserTakesFinishedSegmentsOffTheDueList(t *testing.T) {
 	if refs, err := store.Due(context.Background(), base.Add(time.Hour), 10_000); err != nil || len(refs) != 0 {
 		t.Fatalf("due %v (%v), want nothing", refs, err)
 	}
-	if st, err := store.Segment(context.Background(), ref); err != nil || !st.Done || !st.Cursor.Equal(base.Add(90*time.Second)) {
+	if st, err := segment(store, ref); err != nil || !st.Done || !st.Cursor.Equal(base.Add(90*time.Second)) {
 		t.Fatalf("segment %+v (%v), want done with its cursor at the stop", st, err)
 	}
 }
@@ -792,9 +792,9 @@ func TestAFailoverThatDidNotKnowTheAttemptEndsThePlacementOnTheLostNode(t *testi
 	}
 	e.publish(t, evs[:len(evs)-1])
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
-	second := redisstore.SegmentRef{RentalID: "moved", Attempt: 2}
+	second := ledger.SegmentRef{RentalID: "moved", Attempt: 2}
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := store.Segment(context.Background(), second)
+		st, err := segment(store, second)
 		if err != nil || !st.Scheduled || st.StartedAt.IsZero() {
 			return fmt.Errorf("second placement not known yet (%v)", err)
 		}
@@ -802,13 +802,13 @@ func TestAFailoverThatDidNotKnowTheAttemptEndsThePlacementOnTheLostNode(t *testi
 	})
 	e.publish(t, []event{migrating})
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := store.Segment(context.Background(), second)
+		st, err := segment(store, second)
 		if err != nil || !st.Done {
 			return fmt.Errorf("second placement not ended (lost at %s, %v)", st.LostAt, err)
 		}
 		return nil
 	})
-	first, err := store.Segment(context.Background(), redisstore.SegmentRef{RentalID: "moved", Attempt: 1})
+	first, err := segment(store, ledger.SegmentRef{RentalID: "moved", Attempt: 1})
 	if err != nil || !first.LostAt.IsZero() {
 		t.Fatalf("first placement lost at %s (%v); the failover was about the second", first.LostAt, err)
 	}

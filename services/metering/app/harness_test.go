@@ -23,6 +23,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/metering/pricing"
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
 	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -115,7 +116,7 @@ func testConfig() app.Config {
 type replica struct {
 	meter *app.Meter
 	conn  *bus.Conn
-	parts []app.Part
+	parts []service.Part
 }
 
 // startMeter runs one metering replica against e with its clock at now.
@@ -424,6 +425,15 @@ func (e *env) settled(t testing.TB, prefix string, want map[string]int64) {
 			t.Fatalf("record %s billed %d µ, want %d", id, got[id], amount)
 		}
 	}
+}
+
+// segment loads what the store knows of a placement.
+func segment(store *redisstore.Store, ref ledger.SegmentRef) (ledger.SegmentState, error) {
+	states, err := store.MergeSegments(context.Background(), []ledger.SegmentEvent{{Ref: ref}})
+	if err != nil {
+		return ledger.SegmentState{}, err
+	}
+	return states[0], nil
 }
 
 func sortedIDs(m map[string]int64) []string {
