@@ -78,7 +78,9 @@ func RunSegmentStoreContract(t *testing.T, newStore func(t *testing.T) app.Segme
 			ledger.StoppedEvent(ref, t0, stop, shizuv1.ExitReason_EXIT_REASON_COMPLETED)}
 		steps := []func() error{
 			func() error { _, err := s.MergeSegments(t.Context(), redeliver); return err },
-			func() error { return s.AdvanceAll(t.Context(), []ledger.Advance{{Ref: ref, Cursor: stop, Finished: true}}) },
+			func() error {
+				return s.AdvanceAll(t.Context(), []ledger.Advance{{Ref: ref, Cursor: stop, Finished: true}})
+			},
 			func() error { // the closer's running advance lands after the finishing one
 				return s.AdvanceAll(t.Context(), []ledger.Advance{{Ref: ref, Cursor: t0.Add(time.Minute), Due: t0.Add(2 * time.Minute)}})
 			},
