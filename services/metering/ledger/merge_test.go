@@ -190,3 +190,56 @@ func TestPropertyAnOrderOfAPlacementsEventsGivesOneStateAndRedeliveryChangesNoth
 		}
 	})
 }
+
+func TestTheCutoffIsTheClockHeldBackToTheWatermark(t *testing.T) {
+	t.Parallel()
+	now := epoch.Add(time.Hour)
+	cases := []struct {
+		name      string
+		watermark time.Time
+		follows   bool
+		want      time.Time
+	}{
+		{"a meter that follows no durable bills by its clock", epoch, false, now},
+		{"a watermark behind the clock holds billing back to it", epoch, true, epoch},
+		{"a watermark ahead of the clock leaves the clock", now.Add(time.Minute), true, now},
+		{"a watermark never read holds billing back entirely", time.Time{}, true, time.Time{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := ledger.Cutoff(now, tc.watermark, tc.follows); !got.Equal(tc.want) {
+				t.Fatalf("cutoff %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestTheLostAttemptIsTheRunningPlacementOnTheLostNode(t *testing.T) {
+	t.Parallel()
+	on := func(attempt int32, node string, ended bool) ledger.SegmentState {
+		st := ledger.SegmentState{RentalID: "r-1", Attempt: attempt, NodeID: node}
+		if ended {
+			st.StoppedAt = epoch
+		}
+		return st
+	}
+	cases := []struct {
+		name       string
+		placements []ledger.SegmentState
+		want       int32
+	}{
+		{"the latest running placement on the node", []ledger.SegmentState{on(1, "n-1", false), on(2, "n-2", false), on(3, "n-1", false)}, 3},
+		{"a running one wins over a later ended one", []ledger.SegmentState{on(1, "n-1", false), on(2, "n-1", true)}, 1},
+		{"else the latest one on the node", []ledger.SegmentState{on(1, "n-1", true), on(2, "n-1", true), on(3, "n-2", false)}, 2},
+		{"none known on the node: the first", []ledger.SegmentState{on(2, "n-2", false)}, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := ledger.LostAttempt(tc.placements, "n-1"); got != tc.want {
+				t.Fatalf("attempt %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
