@@ -186,7 +186,11 @@ func TestHarnessEachPlanIsBilledPerSecondAtItsTariff(t *testing.T) {
 			stoppedRental("res", shizuv1.Plan_PLAN_RESERVED, 4, base, 90*time.Second),
 			[]billed{{base, 60, 622_500}, {base.Add(time.Minute), 30, 622_500}}},
 		{"reserved by another tenant, without a commitment, is the list price",
-			func() rental { r := stoppedRental("res-other", shizuv1.Plan_PLAN_RESERVED, 1, base, 30*time.Second); r.tenant = "t1"; return r }(),
+			func() rental {
+				r := stoppedRental("res-other", shizuv1.Plan_PLAN_RESERVED, 1, base, 30*time.Second)
+				r.tenant = "t1"
+				return r
+			}(),
 			[]billed{{base, 30, 2_490_000}}},
 	}
 	for _, tc := range cases {

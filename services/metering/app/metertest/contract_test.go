@@ -24,7 +24,6 @@ func realStore(t *testing.T) *redisstore.Store {
 	return redisstore.New(testkit.StartRedis(t).Client(t), fmt.Sprintf("c%d:", prefixes.Add(1)))
 }
 
-
 func TestRedisstorePassesTheSegmentStoreContract(t *testing.T) {
 	t.Parallel()
 	metertest.RunSegmentStoreContract(t, func(t *testing.T) app.SegmentStore { return realStore(t) })
