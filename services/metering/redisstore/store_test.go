@@ -64,7 +64,7 @@ func TestConcurrentCallersSharePipelinesAndEachGetsItsOwnAnswer(t *testing.T) {
 func TestApplyingARecordTwiceCountsItOnce(t *testing.T) {
 	t.Parallel()
 	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
-	ctx := context.Background()
+	ctx := t.Context()
 	first, err := s.Apply(ctx, "", usage("usage:r-1:a", 700))
 	if err != nil || !first.New || first.MonthBefore != 0 || first.MonthAfter != 700 {
 		t.Fatalf("first apply %+v (%v)", first, err)
@@ -83,7 +83,7 @@ func TestScriptsStillRunAfterRedisLosesItsScriptCache(t *testing.T) {
 	t.Parallel()
 	r := testkit.StartRedis(t)
 	s := redisstore.New(r.Client(t), "")
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := s.Apply(ctx, "", usage("usage:r-1:a", 5)); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestScriptsStillRunAfterRedisLosesItsScriptCache(t *testing.T) {
 func TestTheEarliestLostHeartbeatWinsWhateverTheOrder(t *testing.T) {
 	t.Parallel()
 	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
-	ctx := context.Background()
+	ctx := t.Context()
 	ref := ledger.SegmentRef{RentalID: "r-1", Attempt: 1}
 	if _, err := mergeOne(ctx, s, ledger.ScheduledEvent(ledger.SegmentState{RentalID: "r-1", Attempt: 1, TenantID: "acme", NodeID: "node-1",
 		Plan: shizuv1.Plan_PLAN_ON_DEMAND, Model: "H100-SXM5-80GB", GPUCount: 1, MilliGPU: 1000})); err != nil {
@@ -121,7 +121,7 @@ func TestTheEarliestLostHeartbeatWinsWhateverTheOrder(t *testing.T) {
 func TestALossEndsOnlyThePlacementItWasReportedFor(t *testing.T) {
 	t.Parallel()
 	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
-	ctx := context.Background()
+	ctx := t.Context()
 	for _, a := range []int32{1, 2} {
 		if _, err := mergeOne(ctx, s, ledger.ScheduledEvent(ledger.SegmentState{RentalID: "r-1", Attempt: a, TenantID: "acme", NodeID: "node-1",
 			Plan: shizuv1.Plan_PLAN_ON_DEMAND, Model: "H100-SXM5-80GB", GPUCount: 1, MilliGPU: 1000})); err != nil {
@@ -145,7 +145,7 @@ func TestMergingABatchGivesEachSegmentItsOwnEvents(t *testing.T) {
 	t.Parallel()
 	rdb := testkit.StartRedis(t).Client(t)
 	s := redisstore.New(rdb, "")
-	ctx := context.Background()
+	ctx := t.Context()
 	a := ledger.SegmentRef{RentalID: "r-a", Attempt: 1}
 	b := ledger.SegmentRef{RentalID: "r-b", Attempt: 2}
 	c := ledger.SegmentRef{RentalID: "r-c", Attempt: 1}
@@ -195,7 +195,7 @@ func TestMergingABatchGivesEachSegmentItsOwnEvents(t *testing.T) {
 func TestApplyingABatchCountsEachRecordIdOnce(t *testing.T) {
 	t.Parallel()
 	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
-	ctx := context.Background()
+	ctx := t.Context()
 	got, err := s.ApplyAll(ctx, "", []*shizuv1.UsageRecorded{usage("usage:r-1:a", 700), usage("usage:r-1:b", 300), usage("usage:r-1:a", 700)})
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +215,7 @@ func TestApplyingABatchCountsEachRecordIdOnce(t *testing.T) {
 func TestAFinishedSegmentIsNeverDueAgain(t *testing.T) {
 	t.Parallel()
 	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
-	ctx := context.Background()
+	ctx := t.Context()
 	ref := ledger.SegmentRef{RentalID: "r-f", Attempt: 1}
 	stop := t0.Add(90 * time.Second)
 	finish := ledger.Advance{Ref: ref, Cursor: stop, Finished: true}
@@ -273,7 +273,7 @@ func TestADaysAppliedRecordIdsExpireLongAfterItsLastRecord(t *testing.T) {
 	r := testkit.StartRedis(t)
 	rdb := r.Client(t)
 	s := redisstore.New(rdb, "")
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := s.ApplyAll(ctx, "", []*shizuv1.UsageRecorded{usage("usage:r-1:a", 700), usage("usage:r-1:b", 300)}); err != nil {
 		t.Fatal(err)
 	}
