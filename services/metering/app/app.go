@@ -9,12 +9,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math"
 	"os"
 	"strconv"
 	"time"
 
-	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
 	"github.com/shizu-gpu/shizu/services/metering/pricing"
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
@@ -136,7 +134,7 @@ func (c Config) Validate() error {
 }
 
 // load reads the catalogue and the accounts and checks them together.
-func (c Config) load() (*pricing.Catalogue, Accounts, error) {
+func (c Config) load() (*pricing.Catalogue, ledger.Accounts, error) {
 	var cat *pricing.Catalogue
 	var err error
 	if c.CataloguePath == "" {
@@ -145,65 +143,22 @@ func (c Config) load() (*pricing.Catalogue, Accounts, error) {
 		cat, err = pricing.Load(c.CataloguePath)
 	}
 	if err != nil {
-		return nil, Accounts{}, err
+		return nil, ledger.Accounts{}, err
 	}
-	var acc Accounts
+	var acc ledger.Accounts
 	if c.AccountsPath != "" {
 		data, err := os.ReadFile(c.AccountsPath)
 		if err != nil {
-			return nil, Accounts{}, fmt.Errorf("accounts: %w", err)
+			return nil, ledger.Accounts{}, fmt.Errorf("accounts: %w", err)
 		}
 		if err := json.Unmarshal(data, &acc); err != nil {
-			return nil, Accounts{}, fmt.Errorf("accounts %s: %w", c.AccountsPath, err)
+			return nil, ledger.Accounts{}, fmt.Errorf("accounts %s: %w", c.AccountsPath, err)
 		}
 	}
 	if err := acc.Validate(cat); err != nil {
-		return nil, Accounts{}, fmt.Errorf("accounts %s: %w", c.AccountsPath, err)
+		return nil, ledger.Accounts{}, fmt.Errorf("accounts %s: %w", c.AccountsPath, err)
 	}
 	return cat, acc, nil
-}
-
-// Validate checks every commitment and budget against the catalogue.
-func (a Accounts) Validate(cat *pricing.Catalogue) error {
-	var errs []error
-	for i, c := range a.Commitments {
-		if err := c.Validate(cat); err != nil {
-			errs = append(errs, fmt.Errorf("commitments[%d]: %w", i, err))
-		}
-	}
-	tenants := map[string]bool{}
-	for i, b := range a.Budgets {
-		if b.TenantID == "" || b.Currency != cat.Currency {
-			errs = append(errs, fmt.Errorf("budgets[%d]: needs a tenant_id and the catalogue's currency %s", i, cat.Currency))
-		}
-		if tenants[b.TenantID] {
-			errs = append(errs, fmt.Errorf("budgets[%d]: tenant %s has a budget already", i, b.TenantID))
-		}
-		tenants[b.TenantID] = true
-		if err := shizuv1.ValidToken(b.Name()); err != nil {
-			errs = append(errs, fmt.Errorf("budgets[%d]: id: %w", i, err))
-		}
-		if len(b.ThresholdsMicros)+len(b.ThresholdsPercent) == 0 {
-			errs = append(errs, fmt.Errorf("budgets[%d]: no thresholds_micros nor thresholds_percent", i))
-		}
-		for _, t := range b.ThresholdsMicros {
-			if t <= 0 {
-				errs = append(errs, fmt.Errorf("budgets[%d]: threshold %d must be positive", i, t))
-			}
-		}
-		if b.AmountMicros < 0 || b.AmountMicros > math.MaxInt64/1000 {
-			errs = append(errs, fmt.Errorf("budgets[%d]: amount_micros %d is out of range 0..%d", i, b.AmountMicros, int64(math.MaxInt64/1000)))
-		}
-		if len(b.ThresholdsPercent) > 0 && b.AmountMicros <= 0 {
-			errs = append(errs, fmt.Errorf("budgets[%d]: thresholds_percent need a positive amount_micros", i))
-		}
-		for _, p := range b.ThresholdsPercent {
-			if p < 1 || p > 1000 {
-				errs = append(errs, fmt.Errorf("budgets[%d]: threshold %d %% is out of range 1..1000", i, p))
-			}
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // Run runs the metering until ctx ends: it connects with its own NATS user,

@@ -153,7 +153,7 @@ func TestKillingAReplicaMidStreamOrRunningTwoGivesTheCleanRunsLedger(t *testing.
 	clean.publish(t, allEvents(rentals))
 	clean.settled(t, cfg.KeyPrefix, want)
 	cleanLedger, _ := clean.billed(t)
-	cleanAgg, err := redisstore.New(clean.rdb, cfg.KeyPrefix).Dump(context.Background(), "0")
+	cleanAgg, err := aggregatesOf(clean.rdb, cfg.KeyPrefix).Dump(context.Background(), "0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestKillingAReplicaMidStreamOrRunningTwoGivesTheCleanRunsLedger(t *testing.
 	if strings.Join(sortedIDs(got), ",") != strings.Join(sortedIDs(cleanLedger), ",") || total(got) != total(cleanLedger) {
 		t.Fatalf("ledger differs from the clean run: %d records / %d µ vs %d / %d", len(got), total(got), len(cleanLedger), total(cleanLedger))
 	}
-	agg, err := redisstore.New(e.rdb, cfg.KeyPrefix).Dump(context.Background(), "0")
+	agg, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(context.Background(), "0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestRebuildFromTheStreamReproducesTheAggregatesExactly(t *testing.T) {
 	want := expectedLedger(t, cfg, rentals)
 	e.settled(t, cfg.KeyPrefix, want)
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
-	before, err := store.Dump(context.Background(), "0")
+	before, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(context.Background(), "0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,20 +212,20 @@ func TestRebuildFromTheStreamReproducesTheAggregatesExactly(t *testing.T) {
 	if res.Generation == "0" || res.Applied != len(want) || res.Invalid != 0 {
 		t.Fatalf("rebuild %+v, want a new generation with %d records", res, len(want))
 	}
-	after, err := store.Dump(context.Background(), res.Generation)
+	after, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(context.Background(), res.Generation)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(after) == 0 || fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Fatalf("rebuilt aggregates differ:\n%v\n%v", after, before)
 	}
-	if old, _ := store.Dump(context.Background(), "0"); len(old) != 0 {
+	if old, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(context.Background(), "0"); len(old) != 0 {
 		t.Fatalf("old generation not dropped: %d keys", len(old))
 	}
 	// Queries read the rebuilt generation.
 	var sum int64
 	for _, tenant := range []string{"t0", "t1", "t2"} {
-		v, _ := store.TenantTotal(context.Background(), tenant, "USD")
+		v, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).TenantTotal(context.Background(), tenant, "USD")
 		sum += v
 	}
 	if sum != total(want) {
@@ -297,9 +297,8 @@ func TestBadInputIsDeadLetteredWithAReasonAndChangesNoTotal(t *testing.T) {
 		return nil
 	})
 	e.settled(t, cfg.KeyPrefix, want)
-	store := redisstore.New(e.rdb, cfg.KeyPrefix)
 	for _, id := range []string{"bad-model", "bad-duration"} {
-		if micros, mgs, _ := store.Rental(context.Background(), id); micros != 0 || mgs != 0 {
+		if micros, mgs, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(context.Background(), id); micros != 0 || mgs != 0 {
 			t.Fatalf("rental %s was billed %d µ", id, micros)
 		}
 	}
@@ -318,7 +317,7 @@ func TestRunningRentalsAreClosedAtEveryIntervalBoundary(t *testing.T) {
 	e.publish(t, running.events())
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := store.Segment(context.Background(), redisstore.SegmentRef{RentalID: "long", Attempt: 1})
+		st, err := segment(store, ledger.SegmentRef{RentalID: "long", Attempt: 1})
 		if err != nil || st.StartedAt.IsZero() || !st.Scheduled {
 			return fmt.Errorf("not started yet (%v)", err)
 		}
@@ -374,7 +373,7 @@ func TestTheMeteringUserMayMeterRebuildAndInvoice(t *testing.T) {
 		if rt.tenant != "t0" {
 			continue
 		}
-		micros, mgs, _ := store.Rental(context.Background(), rt.id)
+		micros, mgs, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(context.Background(), rt.id)
 		switch rt.plan {
 		case shizuv1.Plan_PLAN_ON_DEMAND:
 			onDemand += micros
@@ -433,7 +432,7 @@ func TestBudgetAlertsAndTheLabelReportFollowTheSpend(t *testing.T) {
 	if len(rep.CrossedMicros) != 1 || rep.CrossedMicros[0] != 1000 {
 		t.Fatalf("crossed %v, want only the 1000 µ threshold", rep.CrossedMicros)
 	}
-	tenantTotal, _ := store.TenantTotal(context.Background(), "t0", "USD")
+	tenantTotal, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).TenantTotal(context.Background(), "t0", "USD")
 	if rep.ByLabel["team=vision|USD"]+rep.ByLabel["team=nlp|USD"] != tenantTotal || tenantTotal == 0 {
 		t.Fatalf("label report %v does not add up to the tenant's %d µ", rep.ByLabel, tenantTotal)
 	}
@@ -710,7 +709,6 @@ func TestSpotBeforeTheFirstMarketPriceIsBilledAtTheCataloguesSpotDefault(t *test
 	// Capped between the default and the list price, and capped below the
 	// default; no market price of eu-9 is ever published.
 	e.publish(t, allEvents([]rental{spot("s-above", 1_500_000), spot("s-below", 1_000_000)}))
-	store := redisstore.New(e.rdb, cfg.KeyPrefix)
 	testkit.Eventually(t, 30*time.Second, func() error {
 		for _, c := range consumers() {
 			cons, err := e.pub.JetStream().Consumer(context.Background(), c.Stream, c.Durable)
@@ -725,19 +723,19 @@ func TestSpotBeforeTheFirstMarketPriceIsBilledAtTheCataloguesSpotDefault(t *test
 				return fmt.Errorf("%s: %d pending", c.Durable, info.NumPending+uint64(info.NumAckPending))
 			}
 		}
-		if micros, _, err := store.Rental(context.Background(), "s-above"); err != nil || micros == 0 {
+		if micros, _, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(context.Background(), "s-above"); err != nil || micros == 0 {
 			return fmt.Errorf("s-above not billed yet (%v)", err)
 		}
 		return nil
 	})
-	above, _, err := store.Rental(context.Background(), "s-above")
+	above, _, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(context.Background(), "s-above")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if above != 2*600*300 {
 		t.Fatalf("10 minutes of 2 GPUs billed %d µ, want %d (the spot default, not the list price)", above, 2*600*300)
 	}
-	if below, _, err := store.Rental(context.Background(), "s-below"); err != nil || below != 0 {
+	if below, _, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(context.Background(), "s-below"); err != nil || below != 0 {
 		t.Fatalf("a rental capped below the spot default billed %d µ (%v), want nothing", below, err)
 	}
 }
@@ -751,9 +749,9 @@ func TestTheCloserTakesFinishedSegmentsOffTheDueList(t *testing.T) {
 		segs: []seg{{node: "node-1", start: base, stop: base.Add(90 * time.Second), exit: shizuv1.ExitReason_EXIT_REASON_COMPLETED}}}
 	e.publish(t, done.events())
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
-	ref := redisstore.SegmentRef{RentalID: "done", Attempt: 1}
+	ref := ledger.SegmentRef{RentalID: "done", Attempt: 1}
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := store.Segment(context.Background(), ref)
+		st, err := segment(store, ref)
 		if err != nil || !st.Done {
 			return fmt.Errorf("not finished yet (%v)", err)
 		}
@@ -770,7 +768,7 @@ func TestTheCloserTakesFinishedSegmentsOffTheDueList(t *testing.T) {
 	if refs, err := store.Due(context.Background(), base.Add(time.Hour), 10_000); err != nil || len(refs) != 0 {
 		t.Fatalf("due %v (%v), want nothing", refs, err)
 	}
-	if st, err := store.Segment(context.Background(), ref); err != nil || !st.Done || !st.Cursor.Equal(base.Add(90*time.Second)) {
+	if st, err := segment(store, ref); err != nil || !st.Done || !st.Cursor.Equal(base.Add(90*time.Second)) {
 		t.Fatalf("segment %+v (%v), want done with its cursor at the stop", st, err)
 	}
 }
@@ -792,9 +790,9 @@ func TestAFailoverThatDidNotKnowTheAttemptEndsThePlacementOnTheLostNode(t *testi
 	}
 	e.publish(t, evs[:len(evs)-1])
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
-	second := redisstore.SegmentRef{RentalID: "moved", Attempt: 2}
+	second := ledger.SegmentRef{RentalID: "moved", Attempt: 2}
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := store.Segment(context.Background(), second)
+		st, err := segment(store, second)
 		if err != nil || !st.Scheduled || st.StartedAt.IsZero() {
 			return fmt.Errorf("second placement not known yet (%v)", err)
 		}
@@ -802,13 +800,13 @@ func TestAFailoverThatDidNotKnowTheAttemptEndsThePlacementOnTheLostNode(t *testi
 	})
 	e.publish(t, []event{migrating})
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := store.Segment(context.Background(), second)
+		st, err := segment(store, second)
 		if err != nil || !st.Done {
 			return fmt.Errorf("second placement not ended (lost at %s, %v)", st.LostAt, err)
 		}
 		return nil
 	})
-	first, err := store.Segment(context.Background(), redisstore.SegmentRef{RentalID: "moved", Attempt: 1})
+	first, err := segment(store, ledger.SegmentRef{RentalID: "moved", Attempt: 1})
 	if err != nil || !first.LostAt.IsZero() {
 		t.Fatalf("first placement lost at %s (%v); the failover was about the second", first.LostAt, err)
 	}

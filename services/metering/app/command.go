@@ -15,7 +15,8 @@ import (
 )
 
 // Commands are the one-shot operations of the metering binary, beside
-// running the service: `metering rebuild` and `metering invoice`.
+// running the service: `metering rebuild`, `metering invoice` and
+// `metering report`.
 var Commands = map[string]string{
 	"rebuild": "recompute the usage aggregates in Redis from the BILLING stream",
 	"invoice": "close a tenant's invoice for a period and publish it",
@@ -38,60 +39,23 @@ func Command(name string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "metering: unknown command %q\n", name)
 		return 2
 	}
-	cfg := DefaultConfig()
-	fs := flag.NewFlagSet("metering "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfg.Service.RegisterFlags(fs)
-	cfg.RegisterFlags(fs)
-	tenant := fs.String("tenant", "", "tenant to invoice (invoice)")
-	from := fs.String("from", "", "first day of the period, YYYY-MM-DD (invoice)")
-	to := fs.String("to", "", "day after the period, YYYY-MM-DD (invoice)")
-	month := fs.String("month", "", "month to report, YYYY-MM (report)")
-	if err := fs.Parse(args); err != nil {
+	a, ok := parseCommand(name, args, stderr)
+	if !ok {
 		return 2
 	}
-	cfg.Service.HTTPAddr = ""
-	var start, end time.Time
-	if name == "invoice" {
-		var errs []error
-		var err error
-		if *tenant == "" {
-			errs = append(errs, fmt.Errorf("-tenant is required"))
-		}
-		if start, err = time.Parse(time.DateOnly, *from); err != nil {
-			errs = append(errs, fmt.Errorf("-from: %w", err))
-		}
-		if end, err = time.Parse(time.DateOnly, *to); err != nil {
-			errs = append(errs, fmt.Errorf("-to: %w", err))
-		}
-		if len(errs) > 0 {
-			for _, e := range errs {
-				fmt.Fprintf(stderr, "metering invoice: %v\n", e)
-			}
-			return 2
-		}
-	}
-	var monthStart time.Time
-	if name == "report" {
-		var err error
-		if monthStart, err = time.Parse("2006-01", *month); err != nil || *tenant == "" {
-			fmt.Fprintf(stderr, "metering report: -tenant and -month YYYY-MM are required (%v)\n", err)
-			return 2
-		}
-	}
-	if err := cfg.Validate(); err != nil {
+	if err := a.cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "metering: invalid configuration:\n%v\n", err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	rt, err := service.Start(ctx, cfg.Service)
+	rt, err := service.Start(ctx, a.cfg.Service)
 	if err != nil {
 		fmt.Fprintf(stderr, "metering %s: %v\n", name, err)
 		return 1
 	}
 	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Service.ShutdownTimeout)
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.Service.ShutdownTimeout)
 		defer cancel()
 		_ = rt.Close(closeCtx)
 	}()
@@ -99,15 +63,15 @@ func Command(name string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "metering: -redis-url is required")
 		return 2
 	}
-	store := redisstore.New(rt.Redis, cfg.KeyPrefix)
+	store := redisstore.New(rt.Redis, a.cfg.KeyPrefix)
 	var out any
 	switch name {
 	case "rebuild":
 		out, err = Rebuild(ctx, rt.Bus, store)
 	case "invoice":
-		out, err = CloseInvoice(ctx, cfg, rt.Bus, store, *tenant, start, end)
+		out, err = CloseInvoice(ctx, a.cfg, rt.Bus, store, a.tenant, a.from, a.to)
 	case "report":
-		out, err = MonthReport(ctx, store, *tenant, monthStart)
+		out, err = MonthReport(ctx, store, a.tenant, a.month)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "metering %s: %v\n", name, err)
@@ -117,6 +81,57 @@ func Command(name string, args []string, stdout, stderr io.Writer) int {
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(out)
 	return 0
+}
+
+// commandArgs are a command's configuration and arguments.
+type commandArgs struct {
+	cfg             Config
+	tenant          string
+	from, to, month time.Time
+}
+
+// parseCommand parses a command's flags; false when they are bad (the
+// problems are written to stderr).
+func parseCommand(name string, args []string, stderr io.Writer) (commandArgs, bool) {
+	a := commandArgs{cfg: DefaultConfig()}
+	fs := flag.NewFlagSet("metering "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	a.cfg.Service.RegisterFlags(fs)
+	a.cfg.RegisterFlags(fs)
+	tenant := fs.String("tenant", "", "tenant to invoice (invoice)")
+	from := fs.String("from", "", "first day of the period, YYYY-MM-DD (invoice)")
+	to := fs.String("to", "", "day after the period, YYYY-MM-DD (invoice)")
+	month := fs.String("month", "", "month to report, YYYY-MM (report)")
+	if err := fs.Parse(args); err != nil {
+		return a, false
+	}
+	a.cfg.Service.HTTPAddr = ""
+	a.tenant = *tenant
+	switch name {
+	case "invoice":
+		var errs []error
+		var err error
+		if *tenant == "" {
+			errs = append(errs, fmt.Errorf("-tenant is required"))
+		}
+		if a.from, err = time.Parse(time.DateOnly, *from); err != nil {
+			errs = append(errs, fmt.Errorf("-from: %w", err))
+		}
+		if a.to, err = time.Parse(time.DateOnly, *to); err != nil {
+			errs = append(errs, fmt.Errorf("-to: %w", err))
+		}
+		for _, e := range errs {
+			fmt.Fprintf(stderr, "metering invoice: %v\n", e)
+		}
+		return a, len(errs) == 0
+	case "report":
+		var err error
+		if a.month, err = time.Parse("2006-01", *month); err != nil || *tenant == "" {
+			fmt.Fprintf(stderr, "metering report: -tenant and -month YYYY-MM are required (%v)\n", err)
+			return a, false
+		}
+	}
+	return a, true
 }
 
 // MonthReport reads a tenant's cost report for the month of t.

@@ -2,12 +2,15 @@ package app_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +26,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/metering/pricing"
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
 	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -115,7 +119,7 @@ func testConfig() app.Config {
 type replica struct {
 	meter *app.Meter
 	conn  *bus.Conn
-	parts []app.Part
+	parts []service.Part
 }
 
 // startMeter runs one metering replica against e with its clock at now.
@@ -386,7 +390,7 @@ func total(m map[string]int64) int64 {
 // both hold exactly want and every consumer has nothing pending.
 func (e *env) settled(t testing.TB, prefix string, want map[string]int64) {
 	t.Helper()
-	store := redisstore.New(e.rdb, prefix)
+	store := aggregatesOf(e.rdb, prefix)
 	testkit.Eventually(t, 30*time.Second, func() error {
 		got, _ := e.billed(t)
 		if len(got) != len(want) || total(got) != total(want) {
@@ -424,6 +428,87 @@ func (e *env) settled(t testing.TB, prefix string, want map[string]int64) {
 			t.Fatalf("record %s billed %d µ, want %d", id, got[id], amount)
 		}
 	}
+}
+
+// aggregates reads redisstore's aggregate hashes (their key layout is
+// documented in redisstore/aggregates.go) for assertions.
+type aggregates struct {
+	rdb    *redis.Client
+	prefix string
+}
+
+func aggregatesOf(rdb *redis.Client, prefix string) aggregates {
+	return aggregates{rdb: rdb, prefix: prefix}
+}
+
+func (a aggregates) generation(ctx context.Context) (string, error) {
+	g, err := a.rdb.Get(ctx, a.prefix+"agg:gen").Result()
+	if errors.Is(err, redis.Nil) {
+		return "0", nil
+	}
+	return g, err
+}
+
+// Dump is every aggregate hash of gen (seen sets as their sizes), keyed
+// without the generation prefix.
+func (a aggregates) Dump(ctx context.Context, gen string) (map[string]map[string]string, error) {
+	pre := a.prefix + "agg:" + gen + ":"
+	out := map[string]map[string]string{}
+	iter := a.rdb.Scan(ctx, 0, pre+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		name := strings.TrimPrefix(iter.Val(), pre)
+		if strings.HasPrefix(name, "seen:") {
+			n, err := a.rdb.SCard(ctx, iter.Val()).Result()
+			if err != nil {
+				return nil, err
+			}
+			out[name] = map[string]string{"count": strconv.FormatInt(n, 10)}
+			continue
+		}
+		h, err := a.rdb.HGetAll(ctx, iter.Val()).Result()
+		if err != nil {
+			return nil, err
+		}
+		out[name] = h
+	}
+	return out, iter.Err()
+}
+
+// Rental is a rental's billed micros and milli-GPU-seconds.
+func (a aggregates) Rental(ctx context.Context, rental string) (micros, mgs int64, err error) {
+	gen, err := a.generation(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	h, err := a.rdb.HGetAll(ctx, a.prefix+"agg:"+gen+":rental:"+rental).Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	micros, _ = strconv.ParseInt(h["micros"], 10, 64)
+	mgs, _ = strconv.ParseInt(h["mgs"], 10, 64)
+	return micros, mgs, nil
+}
+
+// TenantTotal is a tenant's billed micros in currency.
+func (a aggregates) TenantTotal(ctx context.Context, tenant, currency string) (int64, error) {
+	gen, err := a.generation(ctx)
+	if err != nil {
+		return 0, err
+	}
+	v, err := a.rdb.HGet(ctx, a.prefix+"agg:"+gen+":tenant:"+tenant, currency).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return v, err
+}
+
+// segment loads what the store knows of a placement.
+func segment(store *redisstore.Store, ref ledger.SegmentRef) (ledger.SegmentState, error) {
+	states, err := store.MergeSegments(context.Background(), []ledger.SegmentEvent{{Ref: ref}})
+	if err != nil {
+		return ledger.SegmentState{}, err
+	}
+	return states[0], nil
 }
 
 func sortedIDs(m map[string]int64) []string {

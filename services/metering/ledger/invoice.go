@@ -209,37 +209,6 @@ func BuildInvoice(cat *pricing.Catalogue, tenantID string, periodStart, periodEn
 	return inv, nil
 }
 
-// ReportLine is the spend of one label value.
-type ReportLine struct {
-	// Value is the label's value; "" collects records without the label.
-	Value  string
-	Amount pricing.Money
-}
-
-// CostReport sums records of one tenant by the value of label key, in value
-// order.
-func CostReport(records []Record, tenantID, key string) []ReportLine {
-	sums := map[string]*ReportLine{}
-	for _, r := range records {
-		if r.TenantID != tenantID {
-			continue
-		}
-		v := r.Labels[key]
-		l, ok := sums[v]
-		if !ok {
-			l = &ReportLine{Value: v, Amount: pricing.Money{Currency: r.Amount.Currency}}
-			sums[v] = l
-		}
-		l.Amount.Micros += r.Amount.Micros
-	}
-	out := make([]ReportLine, 0, len(sums))
-	for _, l := range sums {
-		out = append(out, *l)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Value < out[j].Value })
-	return out
-}
-
 // Budget is a tenant's spending thresholds for a calendar month: absolute
 // spends, or percentages of an amount, or both.
 type Budget struct {
@@ -301,19 +270,6 @@ func (b Budget) Reached(spent int64) []Threshold {
 	for _, t := range b.Thresholds() {
 		if t.Micros > 0 && t.Micros <= spent {
 			out = append(out, t)
-		}
-	}
-	return out
-}
-
-// Crossed returns the thresholds a spend moving from before to after
-// crossed upward (before < threshold <= after), in ascending order. Replaying
-// the same increment crosses nothing new: a threshold is crossed once.
-func (b Budget) Crossed(before, after int64) []int64 {
-	var out []int64
-	for _, t := range b.Thresholds() {
-		if before < t.Micros && t.Micros <= after {
-			out = append(out, t.Micros)
 		}
 	}
 	return out

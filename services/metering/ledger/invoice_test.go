@@ -110,38 +110,6 @@ func TestPropertyReservedBillIsCommitmentPlusOverageAtOnDemand(t *testing.T) {
 	})
 }
 
-func TestBudgetThresholdsAreCrossedOnce(t *testing.T) {
-	t.Parallel()
-	b := ledger.Budget{TenantID: "acme", Currency: "USD", ThresholdsMicros: []int64{100, 50, 200}}
-	if got := b.Crossed(40, 120); len(got) != 2 || got[0] != 50 || got[1] != 100 {
-		t.Fatalf("40 -> 120 crossed %v, want [50 100]", got)
-	}
-	if got := b.Crossed(120, 120); len(got) != 0 {
-		t.Fatalf("no change crossed %v", got)
-	}
-}
-
-func TestCostReportSumsByLabel(t *testing.T) {
-	t.Parallel()
-	recs := []ledger.Record{
-		{TenantID: "acme", Labels: map[string]string{"team": "vision"}, Amount: usd(5)},
-		{TenantID: "acme", Labels: map[string]string{"team": "nlp"}, Amount: usd(7)},
-		{TenantID: "acme", Labels: map[string]string{"team": "vision"}, Amount: usd(11)},
-		{TenantID: "acme", Amount: usd(1)},
-		{TenantID: "other", Labels: map[string]string{"team": "vision"}, Amount: usd(100)},
-	}
-	got := ledger.CostReport(recs, "acme", "team")
-	want := []ledger.ReportLine{{Value: "", Amount: usd(1)}, {Value: "nlp", Amount: usd(7)}, {Value: "vision", Amount: usd(16)}}
-	if len(got) != len(want) {
-		t.Fatalf("report %+v, want %+v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("report %+v, want %+v", got, want)
-		}
-	}
-}
-
 func TestBudgetThresholdsInPercentAreOfTheAmountRoundedDown(t *testing.T) {
 	t.Parallel()
 	b := ledger.Budget{TenantID: "acme", Currency: "USD", AmountMicros: 1_000_000_001, ThresholdsPercent: []int32{100, 50, 80},

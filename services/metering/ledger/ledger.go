@@ -199,7 +199,7 @@ func Close(seg Segment, tariff Tariff, rules Rules, from, until time.Time) ([]Re
 		if seg.Ended() && !a.Before(seg.End) {
 			break
 		}
-		b := nextBoundary(a, rules.Interval)
+		b := NextBoundary(a, rules.Interval)
 		if c, ok := pr.nextChange(a); ok && c.Before(b) {
 			b = c
 		}
@@ -354,10 +354,11 @@ func ceilSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// nextBoundary is the first multiple of interval since the Unix epoch that
-// is strictly after t.
-func nextBoundary(t time.Time, interval time.Duration) time.Time {
-	sec := t.Unix()
+// NextBoundary is the first multiple of interval (whole seconds) since the
+// Unix epoch that is strictly after t. It floors, so it holds before 1970
+// too: the boundary after -0.5 s is 0, not one interval later.
+func NextBoundary(t time.Time, interval time.Duration) time.Time {
+	sec := t.Unix() // floors: the nanoseconds of a Time are never negative
 	step := int64(interval / time.Second)
 	k := sec / step
 	if sec < 0 && sec%step != 0 {

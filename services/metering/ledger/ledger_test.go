@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"math/big"
 	"strings"
 	"testing"
 	"time"
@@ -210,10 +211,96 @@ func expected(seg ledger.Segment, tariff ledger.Tariff, rules ledger.Rules) (sec
 		perPrice[tariff.Base.Micros] += minSec - seconds
 		seconds = minSec
 	}
-	// Round once over the exact total: sum of price×seconds fits in int64
-	// only per price, so combine via the ledger's own rounding of one piece
-	// per price and check the total separately in 128 bits.
-	return seconds, ledger.ExactTotal(perPrice, int64(seg.GPUCount)*int64(seg.MilliGPU))
+	return seconds, exactTotal(perPrice, int64(seg.GPUCount)*int64(seg.MilliGPU))
+}
+
+// exactTotal is Σ price×seconds×gm over 3,600,000 (micro-units per
+// GPU-hour of milli-GPUs), rounded half up once, in arbitrary precision:
+// an oracle independent of the ledger's 128-bit accrual.
+func exactTotal(perPrice map[int64]int64, gm int64) int64 {
+	num := new(big.Int)
+	for price, seconds := range perPrice {
+		term := new(big.Int).Mul(big.NewInt(price), big.NewInt(seconds))
+		num.Add(num, term.Mul(term, big.NewInt(gm)))
+	}
+	return roundHalfUp(num, 3600*1000)
+}
+
+func roundHalfUp(num *big.Int, divisor int64) int64 {
+	d := big.NewInt(divisor)
+	q, r := new(big.Int).QuoRem(num, d, new(big.Int))
+	if r.Mul(r, big.NewInt(2)).Cmp(d) >= 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	return q.Int64()
+}
+
+func TestAmountsWhoseProductOverflows64BitsAreExact(t *testing.T) {
+	t.Parallel()
+	// price × gpus × milli × seconds beyond 2^64: the accrual's 128-bit
+	// intermediate must carry it; math/big says what it must be.
+	cases := []struct {
+		name    string
+		price   int64
+		gpus    int32
+		milli   int32
+		seconds int64
+	}{
+		{"the highest price on the most GPUs for a month", pricing.MaxPriceMicros, shizuv1.MaxGPUCount, 1000, 31 * 24 * 3600},
+		{"the highest price on one GPU for a year", pricing.MaxPriceMicros, 1, 1000, 366 * 24 * 3600},
+		{"a price whose product lands just past 2^64", 9_999_999_999, 64, 999, 28_871},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			num := new(big.Int).Mul(big.NewInt(tc.price), big.NewInt(int64(tc.gpus)*int64(tc.milli)))
+			num.Mul(num, big.NewInt(tc.seconds))
+			if num.BitLen() <= 64 {
+				t.Fatalf("product %s fits in 64 bits: the case does not test the overflow path", num)
+			}
+			want := roundHalfUp(num, 3600*1000)
+			if got := ledger.AmountMicros(tc.price, tc.gpus, tc.milli, tc.seconds); got != want {
+				t.Fatalf("amount %d µ, want %d µ", got, want)
+			}
+			seg := segment()
+			seg.GPUCount, seg.MilliGPU = tc.gpus, tc.milli
+			seg.Start = epoch
+			seg.End = epoch.Add(time.Duration(tc.seconds) * time.Second)
+			rules := ledger.Rules{Interval: 24 * time.Hour}
+			if _, micros := sum(closeAll(t, seg, ledger.Tariff{Base: usd(tc.price)}, rules)); micros != want {
+				t.Fatalf("records add up to %d µ, want %d µ", micros, want)
+			}
+		})
+	}
+}
+
+func TestNextBoundaryIsTheFirstMultipleOfTheIntervalStrictlyAfter(t *testing.T) {
+	t.Parallel()
+	unix := func(sec, nsec int64) time.Time { return time.Unix(sec, nsec).UTC() }
+	cases := []struct {
+		name     string
+		at       time.Time
+		interval time.Duration
+		want     time.Time
+	}{
+		{"an instant inside an interval ends at its boundary", unix(90, 0), time.Minute, unix(120, 0)},
+		{"an instant on a boundary goes to the next", unix(120, 0), time.Minute, unix(180, 0)},
+		{"half a second after the epoch ends at the first boundary", unix(0, 500_000_000), time.Minute, unix(60, 0)},
+		{"half a second before the epoch ends at the epoch", unix(-1, 500_000_000), time.Minute, unix(0, 0)},
+		{"a second before the epoch ends at the epoch", unix(-1, 0), time.Minute, unix(0, 0)},
+		{"a negative boundary goes to the next", unix(-60, 0), time.Minute, unix(0, 0)},
+		{"ninety seconds before the epoch ends a minute before it", unix(-90, 0), time.Minute, unix(-60, 0)},
+		{"a time before 1970 with an hourly interval", time.Date(1969, 12, 31, 22, 30, 0, 0, time.UTC), time.Hour, time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC)},
+		{"a time zone does not move the boundary", time.Date(2026, 11, 1, 10, 30, 5, 0, time.FixedZone("x", 5400)), time.Hour, time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := ledger.NextBoundary(tc.at, tc.interval); !got.Equal(tc.want) {
+				t.Fatalf("after %s: %s, want %s", tc.at.Format(time.RFC3339Nano), got.Format(time.RFC3339Nano), tc.want.Format(time.RFC3339Nano))
+			}
+		})
+	}
 }
 
 func TestPropertyRecordsAddUpToPriceTimesSecondsToTheMicroUnit(t *testing.T) {

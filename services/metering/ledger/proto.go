@@ -11,8 +11,7 @@ import (
 // record.
 func (r Record) Proto(source string) *shizuv1.UsageRecorded {
 	return &shizuv1.UsageRecorded{
-		Meta: &shizuv1.EventMeta{EventId: r.ID, OccurredAt: timestamppb.New(r.End), Source: source,
-			CorrelationId: r.RentalID},
+		Meta:     shizuv1.NewMeta(r.ID, source, "", r.RentalID, r.End),
 		RentalId: r.RentalID, TenantId: r.TenantID, NodeId: r.NodeID, Plan: r.Plan, Model: r.Model,
 		IntervalStart: timestamppb.New(r.Start), IntervalEnd: timestamppb.New(r.End),
 		Seconds: r.Seconds, MilliGpu: r.MilliGPU, GpuCount: r.GPUCount,
@@ -23,8 +22,7 @@ func (r Record) Proto(source string) *shizuv1.UsageRecorded {
 // Proto is the invoice as the InvoiceClosed event metering publishes.
 func (inv Invoice) Proto(source string) *shizuv1.InvoiceClosed {
 	ev := &shizuv1.InvoiceClosed{
-		Meta: &shizuv1.EventMeta{EventId: inv.ID, OccurredAt: timestamppb.New(inv.PeriodEnd), Source: source,
-			CorrelationId: inv.ID},
+		Meta:      shizuv1.NewMeta(inv.ID, source, "", inv.ID, inv.PeriodEnd),
 		InvoiceId: inv.ID, TenantId: inv.TenantID,
 		PeriodStart: timestamppb.New(inv.PeriodStart), PeriodEnd: timestamppb.New(inv.PeriodEnd),
 		Total: inv.Total.Proto(),

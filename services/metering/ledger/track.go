@@ -8,9 +8,8 @@ import (
 )
 
 // SegmentState is what metering has learnt about one placement of a rental
-// from its events, in whatever order they came. Each event sets its own
-// fields only, so merging the same events in any order, or the same event
-// twice, gives the same state.
+// from its events, in whatever order they came (Merge is how each event
+// changes it).
 type SegmentState struct {
 	RentalID string
 	Attempt  int32
@@ -18,15 +17,18 @@ type SegmentState struct {
 	// From RentalScheduled.
 	Scheduled bool
 	TenantID  string
-	NodeID    string
-	Plan      shizuv1.Plan
-	Model     string
-	Zone      string
-	GPUCount  int32
-	MilliGPU  int32 // billable share (pricing.BillableMilli)
-	Labels    map[string]string
-	MaxSpot   *pricing.Money
+	// NodeID is the schedule's node, or StartNode while it names none.
+	NodeID   string
+	Plan     shizuv1.Plan
+	Model    string
+	Zone     string
+	GPUCount int32
+	MilliGPU int32 // billable share (pricing.BillableMilli)
+	Labels   map[string]string
+	MaxSpot  *pricing.Money
 
+	// StartNode is the node of the first RentalStarted.
+	StartNode string
 	// StartedAt is RentalStarted.started_at; StoppedStartedAt is
 	// RentalStopped.started_at, which wins if both are known and differ.
 	StartedAt        time.Time

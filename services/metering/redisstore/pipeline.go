@@ -20,6 +20,7 @@ type pipeliner struct {
 }
 
 type call struct {
+	ctx    context.Context
 	script *redis.Script
 	keys   []string
 	args   []any
@@ -40,7 +41,7 @@ func newPipeliner(rdb redis.UniversalClient, lanes int) *pipeliner {
 
 // run executes script in the next pipeline and waits for its result.
 func (p *pipeliner) run(ctx context.Context, script *redis.Script, keys []string, args ...any) (any, error) {
-	c := &call{script: script, keys: keys, args: args, done: make(chan struct{})}
+	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
 	select {
 	case p.calls <- c:
 	case <-ctx.Done():
@@ -95,8 +96,11 @@ func (p *pipeliner) lane() {
 	}
 }
 
+// exec runs a batch in one pipeline, under the first caller's context
+// without its cancellation: a caller that gives up must not fail the
+// others' calls (it stops waiting; its call still runs).
 func (p *pipeliner) exec(batch []*call) {
-	ctx := context.Background()
+	ctx := context.WithoutCancel(batch[0].ctx)
 	pipe := p.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(batch))
 	for i, c := range batch {
@@ -107,7 +111,7 @@ func (p *pipeliner) exec(batch []*call) {
 		c.res, c.err = cmds[i].Result()
 		if c.err != nil && strings.HasPrefix(c.err.Error(), "NOSCRIPT") {
 			// Redis lost its script cache (a restart): load and run it.
-			c.res, c.err = c.script.Run(ctx, p.rdb, c.keys, c.args...).Result()
+			c.res, c.err = c.script.Run(context.WithoutCancel(c.ctx), p.rdb, c.keys, c.args...).Result()
 		}
 		if c.err == redis.Nil {
 			c.res, c.err = nil, nil

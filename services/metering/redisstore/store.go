@@ -34,8 +34,7 @@ const pipelineLanes = 4
 
 // New returns a store whose keys start with prefix (default "mt:"). The
 // batch calls (MergeSegments, AdvanceAll, ApplyAll) are one script call
-// each; the single-segment and single-record calls (Scheduled, Started,
-// Stopped, Segment, Advance, Apply) of concurrent callers share pipelines.
+// each; single-record calls (Apply) of concurrent callers share pipelines.
 func New(rdb redis.UniversalClient, prefix string) *Store {
 	if prefix == "" {
 		prefix = "mt:"
@@ -53,39 +52,29 @@ func (s *Store) spotKey(zone, model string) string {
 	return s.prefix + "spot:" + zone + ":" + model
 }
 
-// SegmentRef names one placement of a rental.
-type SegmentRef struct {
-	RentalID string
-	Attempt  int32
-}
+func member(r ledger.SegmentRef) string { return r.RentalID + " " + strconv.Itoa(int(r.Attempt)) }
 
-func (r SegmentRef) member() string { return r.RentalID + " " + strconv.Itoa(int(r.Attempt)) }
-
-func parseMember(m string) (SegmentRef, error) {
+func parseMember(m string) (ledger.SegmentRef, error) {
 	rental, attempt, ok := strings.Cut(m, " ")
 	n, err := strconv.Atoi(attempt)
 	if !ok || err != nil {
-		return SegmentRef{}, fmt.Errorf("bad due member %q", m)
+		return ledger.SegmentRef{}, fmt.Errorf("bad due member %q", m)
 	}
-	return SegmentRef{RentalID: rental, Attempt: int32(n)}, nil
+	return ledger.SegmentRef{RentalID: rental, Attempt: int32(n)}, nil
 }
 
 func nanos(t time.Time) string { return strconv.FormatInt(t.UnixNano(), 10) }
 
-// mergeScript merges the fields of the events of one or more segments (in
-// order) and returns, per segment, its hash and the last heartbeat of the
-// node this placement was lost on, if it was: a batch of events is one
-// script call.
+// mergeScript applies the segment merge rule (ledger.Merge) to the events
+// of one or more segments (in order) atomically, and returns, per segment,
+// its hash and the last heartbeat of the node this placement was lost on,
+// if it was: a batch of events is one script call. The rule itself is
+// written and tested in Go (ledger.Merge); the script must do what it says,
+// which TestTheMergeScriptAppliesTheGoMergeRule checks on the same inputs.
 //
 //	KEYS: due, then per segment: seg, lost, attempts
 //	ARGV: per segment: due member, attempt, number of events, then per
 //	      event: mode (sched|start|stop), due score, n, n field/value pairs
-//
-// A start sets only the fields not set yet (the first start reported
-// wins); the other events overwrite theirs with the same values on a
-// redelivery. A start or stop makes the segment due unless it is finished
-// (done): a redelivered start or stop of a finished segment takes it off
-// the due list instead, so it is not looked at on every tick forever.
 var mergeScript = redis.NewScript(`
 local out = {}
 local i = 1
@@ -118,40 +107,28 @@ while i <= #ARGV do
 end
 return out`)
 
-// SegmentEvent is one event's change to a segment, for MergeSegments.
-type SegmentEvent struct {
-	Ref    SegmentRef
-	mode   string
-	due    int64
-	fields []any
-}
-
-// ScheduledEvent is the change RentalScheduled makes: the placement's
-// pricing facts.
-func ScheduledEvent(st ledger.SegmentState) (SegmentEvent, error) {
-	labels, err := json.Marshal(st.Labels)
-	if err != nil {
-		return SegmentEvent{}, err
+// encode is an event's script arguments: mode, due score and the fields
+// it sets (nil for ChangeNone).
+func encode(ev ledger.SegmentEvent) (mode string, due int64, fields []any, err error) {
+	switch ev.Change {
+	case ledger.ChangeScheduled:
+		st := ev.Facts
+		labels, err := json.Marshal(st.Labels)
+		if err != nil {
+			return "", 0, nil, err
+		}
+		f := []any{"sched", 1, "tenant", st.TenantID, "node", st.NodeID, "plan", int32(st.Plan),
+			"model", st.Model, "zone", st.Zone, "gpus", st.GPUCount, "milli", st.MilliGPU, "labels", labels}
+		if st.MaxSpot != nil {
+			f = append(f, "maxspot", st.MaxSpot.Micros, "maxspotcur", st.MaxSpot.Currency)
+		}
+		return "sched", 0, f, nil
+	case ledger.ChangeStarted:
+		return "start", ev.Due.Unix(), []any{"start", nanos(ev.StartedAt), "startnode", ev.Node}, nil
+	case ledger.ChangeStopped:
+		return "stop", ev.Due.Unix(), []any{"sstart", nanos(ev.StartedAt), "stop", nanos(ev.StoppedAt), "exit", int32(ev.Exit)}, nil
 	}
-	f := []any{"sched", 1, "tenant", st.TenantID, "node", st.NodeID, "plan", int32(st.Plan),
-		"model", st.Model, "zone", st.Zone, "gpus", st.GPUCount, "milli", st.MilliGPU, "labels", labels}
-	if st.MaxSpot != nil {
-		f = append(f, "maxspot", st.MaxSpot.Micros, "maxspotcur", st.MaxSpot.Currency)
-	}
-	return SegmentEvent{Ref: SegmentRef{RentalID: st.RentalID, Attempt: st.Attempt}, mode: "sched", fields: f}, nil
-}
-
-// StartedEvent is the change RentalStarted makes: it records the start
-// (the first reported wins) and makes the segment due for closing at due
-// unless it already is.
-func StartedEvent(ref SegmentRef, node string, at, due time.Time) SegmentEvent {
-	return SegmentEvent{Ref: ref, mode: "start", due: due.Unix(), fields: []any{"start", nanos(at), "startnode", node}}
-}
-
-// StoppedEvent is the change RentalStopped makes: it records the end.
-func StoppedEvent(ref SegmentRef, startedAt, stoppedAt time.Time, reason shizuv1.ExitReason) SegmentEvent {
-	return SegmentEvent{Ref: ref, mode: "stop", due: stoppedAt.Unix(),
-		fields: []any{"sstart", nanos(startedAt), "stop", nanos(stoppedAt), "exit", int32(reason)}}
+	return "", 0, nil, nil
 }
 
 // MergeSegments merges events into their segments in one atomic script
@@ -159,13 +136,13 @@ func StoppedEvent(ref SegmentRef, startedAt, stoppedAt time.Time, reason shizuv1
 // segment after its events, in the order the segments first appear. A
 // segment named by a SegmentEvent with no change (SegmentEvent{Ref: r}) is
 // only loaded.
-func (s *Store) MergeSegments(ctx context.Context, events []SegmentEvent) ([]ledger.SegmentState, error) {
+func (s *Store) MergeSegments(ctx context.Context, events []ledger.SegmentEvent) ([]ledger.SegmentState, error) {
 	type group struct {
-		ref    SegmentRef
-		events []SegmentEvent
+		ref    ledger.SegmentRef
+		events []ledger.SegmentEvent
 	}
 	var groups []*group
-	byRef := make(map[SegmentRef]*group, len(events))
+	byRef := make(map[ledger.SegmentRef]*group, len(events))
 	for _, ev := range events {
 		g, ok := byRef[ev.Ref]
 		if !ok {
@@ -173,7 +150,7 @@ func (s *Store) MergeSegments(ctx context.Context, events []SegmentEvent) ([]led
 			byRef[ev.Ref] = g
 			groups = append(groups, g)
 		}
-		if ev.mode != "" {
+		if ev.Change != ledger.ChangeNone {
 			g.events = append(g.events, ev)
 		}
 	}
@@ -185,10 +162,14 @@ func (s *Store) MergeSegments(ctx context.Context, events []SegmentEvent) ([]led
 	args := make([]any, 0, 3*len(groups)+3*len(events)+8*len(events))
 	for _, g := range groups {
 		keys = append(keys, s.segKey(g.ref.RentalID, g.ref.Attempt), s.lostKey(g.ref.RentalID), s.attKey(g.ref.RentalID))
-		args = append(args, g.ref.member(), g.ref.Attempt, len(g.events))
+		args = append(args, member(g.ref), g.ref.Attempt, len(g.events))
 		for _, ev := range g.events {
-			args = append(args, ev.mode, ev.due, len(ev.fields)/2)
-			args = append(args, ev.fields...)
+			mode, due, fields, err := encode(ev)
+			if err != nil {
+				return nil, fmt.Errorf("segment %s: %w", member(ev.Ref), err)
+			}
+			args = append(args, mode, due, len(fields)/2)
+			args = append(args, fields...)
 		}
 	}
 	reply, err := mergeScript.Run(ctx, s.rdb, keys, args...).Result()
@@ -210,25 +191,10 @@ func (s *Store) MergeSegments(ctx context.Context, events []SegmentEvent) ([]led
 	return out, nil
 }
 
-func (s *Store) merge(ctx context.Context, ev SegmentEvent) (ledger.SegmentState, error) {
-	keys := []string{s.dueKey(), s.segKey(ev.Ref.RentalID, ev.Ref.Attempt), s.lostKey(ev.Ref.RentalID), s.attKey(ev.Ref.RentalID)}
-	args := []any{ev.Ref.member(), ev.Ref.Attempt, 0}
-	if ev.mode != "" {
-		args[2] = 1
-		args = append(args, ev.mode, ev.due, len(ev.fields)/2)
-		args = append(args, ev.fields...)
-	}
-	out, err := s.pipe.run(ctx, mergeScript, keys, args...)
-	if err != nil {
-		return ledger.SegmentState{}, fmt.Errorf("segment %s: %w", ev.Ref.member(), err)
-	}
-	return parseReply(ev.Ref, out)
-}
-
-func parseReply(ref SegmentRef, out any) (ledger.SegmentState, error) {
+func parseReply(ref ledger.SegmentRef, out any) (ledger.SegmentState, error) {
 	res, ok := out.([]any)
 	if !ok || len(res) != 2 {
-		return ledger.SegmentState{}, fmt.Errorf("segment %s: unexpected reply %v", ref.member(), out)
+		return ledger.SegmentState{}, fmt.Errorf("segment %s: unexpected reply %v", member(ref), out)
 	}
 	flat, _ := res[0].([]any)
 	h := make(map[string]string, len(flat)/2)
@@ -241,32 +207,10 @@ func parseReply(ref SegmentRef, out any) (ledger.SegmentState, error) {
 	return parseSegment(ref, h, lost)
 }
 
-// Scheduled records the pricing facts of a placement and returns what is
-// known of it.
-func (s *Store) Scheduled(ctx context.Context, st ledger.SegmentState) (ledger.SegmentState, error) {
-	ev, err := ScheduledEvent(st)
-	if err != nil {
-		return st, err
-	}
-	return s.merge(ctx, ev)
-}
-
-// Started records the start of a placement, makes it due for closing at
-// due (unless it already is) and returns what is known of it. The first
-// start reported wins.
-func (s *Store) Started(ctx context.Context, ref SegmentRef, node string, at, due time.Time) (ledger.SegmentState, error) {
-	return s.merge(ctx, StartedEvent(ref, node, at, due))
-}
-
-// Stopped records the end of a placement and returns what is known of it.
-func (s *Store) Stopped(ctx context.Context, ref SegmentRef, startedAt, stoppedAt time.Time, reason shizuv1.ExitReason) (ledger.SegmentState, error) {
-	return s.merge(ctx, StoppedEvent(ref, startedAt, stoppedAt, reason))
-}
-
 // Lost records the last heartbeat of the node that placement attempt of a
 // rental was lost on in a failover. It is kept per attempt, so a later
-// placement on the same node is not ended by it. The earliest report wins,
-// so replays agree.
+// placement on the same node is not ended by it. The earliest report wins
+// (ledger.EarliestLoss), so replays agree.
 func (s *Store) Lost(ctx context.Context, rental string, attempt int32, lastHeartbeat time.Time) error {
 	return minScript.Run(ctx, s.rdb, []string{s.lostKey(rental)}, strconv.Itoa(int(attempt)), nanos(lastHeartbeat)).Err()
 }
@@ -276,12 +220,7 @@ local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if (not cur) or tonumber(ARGV[2]) < tonumber(cur) then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
 return 1`)
 
-// Segment loads what is known of a placement.
-func (s *Store) Segment(ctx context.Context, ref SegmentRef) (ledger.SegmentState, error) {
-	return s.merge(ctx, SegmentEvent{Ref: ref})
-}
-
-func parseSegment(ref SegmentRef, h map[string]string, lost string) (ledger.SegmentState, error) {
+func parseSegment(ref ledger.SegmentRef, h map[string]string, lost string) (ledger.SegmentState, error) {
 	st := ledger.SegmentState{RentalID: ref.RentalID, Attempt: ref.Attempt}
 	tm := func(k string) time.Time {
 		v, ok := h[k]
@@ -298,14 +237,15 @@ func parseSegment(ref SegmentRef, h map[string]string, lost string) (ledger.Segm
 		st.Plan = shizuv1.Plan(num("plan"))
 		st.GPUCount, st.MilliGPU = int32(num("gpus")), int32(num("milli"))
 		if err := json.Unmarshal([]byte(h["labels"]), &st.Labels); err != nil {
-			return st, fmt.Errorf("segment %s labels: %w", ref.member(), err)
+			return st, fmt.Errorf("segment %s labels: %w", member(ref), err)
 		}
 		if cur, ok := h["maxspotcur"]; ok {
 			st.MaxSpot = &pricing.Money{Micros: num("maxspot"), Currency: cur}
 		}
 	}
+	st.StartNode = h["startnode"]
 	if st.NodeID == "" {
-		st.NodeID = h["startnode"]
+		st.NodeID = st.StartNode
 	}
 	st.StartedAt, st.StoppedStartedAt, st.StoppedAt = tm("start"), tm("sstart"), tm("stop")
 	st.ExitReason = shizuv1.ExitReason(num("exit"))
@@ -318,33 +258,17 @@ func parseSegment(ref SegmentRef, h map[string]string, lost string) (ledger.Segm
 	return st, nil
 }
 
-// Advance moves a segment's cursor forward (never back) and schedules its
-// next closing at Due, or, when Finished, takes it off the due list.
-type Advance struct {
-	Ref      SegmentRef
-	Cursor   time.Time
-	Due      time.Time
-	Finished bool
-}
-
-func (s *Store) advanceArgs(keys []string, args []any, a Advance) ([]string, []any) {
+func (s *Store) advanceArgs(keys []string, args []any, a ledger.Advance) ([]string, []any) {
 	fin := "0"
 	if a.Finished {
 		fin = "1"
 	}
 	return append(keys, s.segKey(a.Ref.RentalID, a.Ref.Attempt)),
-		append(args, nanos(a.Cursor), strconv.FormatInt(a.Due.Unix(), 10), a.Ref.member(), fin)
+		append(args, nanos(a.Cursor), strconv.FormatInt(a.Due.Unix(), 10), member(a.Ref), fin)
 }
 
-// Advance applies one Advance.
-func (s *Store) Advance(ctx context.Context, a Advance) error {
-	keys, args := s.advanceArgs([]string{s.dueKey()}, nil, a)
-	_, err := s.pipe.run(ctx, advanceScript, keys, args...)
-	return err
-}
-
-// AdvanceAll applies advances in one script call.
-func (s *Store) AdvanceAll(ctx context.Context, as []Advance) error {
+// AdvanceAll applies advances (ledger.Advance.Apply) in one script call.
+func (s *Store) AdvanceAll(ctx context.Context, as []ledger.Advance) error {
 	if len(as) == 0 {
 		return nil
 	}
@@ -360,10 +284,9 @@ func (s *Store) AdvanceAll(ctx context.Context, as []Advance) error {
 	return nil
 }
 
-// advanceScript moves cursors forward (never back) and reschedules or
-// finishes segments. A finished segment (done) is never due again: a
-// running advance that lands after the finishing one (the closer racing
-// the stop's handler) takes it off the due list instead.
+// advanceScript applies ledger.Advance.Apply atomically: it moves cursors
+// forward (never back) and reschedules or finishes segments; a finished
+// segment (done) is never due again.
 //
 //	KEYS: due, then one segment per advance
 //	ARGV: per advance: cursor, due score, due member, finished (0|1)
@@ -382,12 +305,12 @@ end
 return 1`)
 
 // Due lists up to limit segments whose next closing is at or before t.
-func (s *Store) Due(ctx context.Context, t time.Time, limit int64) ([]SegmentRef, error) {
+func (s *Store) Due(ctx context.Context, t time.Time, limit int64) ([]ledger.SegmentRef, error) {
 	ms, err := s.rdb.ZRangeByScore(ctx, s.dueKey(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(t.Unix(), 10), Count: limit}).Result()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]SegmentRef, 0, len(ms))
+	out := make([]ledger.SegmentRef, 0, len(ms))
 	for _, m := range ms {
 		ref, err := parseMember(m)
 		if err != nil {

@@ -23,25 +23,34 @@ func usage(id string, micros int64) *shizuv1.UsageRecorded {
 		GpuCount: 2, MilliGpu: 1000, Amount: &shizuv1.Money{Micros: micros, Currency: "USD"}, Labels: map[string]string{"team": "nlp"}}
 }
 
+// mergeOne merges one event and returns its segment's state.
+func mergeOne(ctx context.Context, s *redisstore.Store, ev ledger.SegmentEvent) (ledger.SegmentState, error) {
+	states, err := s.MergeSegments(ctx, []ledger.SegmentEvent{ev})
+	if err != nil {
+		return ledger.SegmentState{}, err
+	}
+	return states[0], nil
+}
+
 func TestConcurrentCallersSharePipelinesAndEachGetsItsOwnAnswer(t *testing.T) {
 	t.Parallel()
 	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
-	ctx := context.Background()
+	ctx := t.Context()
 	var wg sync.WaitGroup
 	errs := make(chan error, 1000)
 	for i := range 1000 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ref := redisstore.SegmentRef{RentalID: fmt.Sprintf("r-%d", i), Attempt: 1}
-			at := t0.Add(time.Duration(i) * time.Second)
-			st, err := s.Started(ctx, ref, "node-1", at, at)
+			rec := usage(fmt.Sprintf("usage:r-%d:a", i), int64(i+1))
+			rec.TenantId = fmt.Sprintf("t-%d", i)
+			applied, err := s.Apply(ctx, "", rec)
 			if err != nil {
 				errs <- err
 				return
 			}
-			if st.RentalID != ref.RentalID || !st.StartedAt.Equal(at) {
-				errs <- fmt.Errorf("%s got the state of %s at %s", ref.RentalID, st.RentalID, st.StartedAt)
+			if !applied.New || applied.MonthAfter != int64(i+1) {
+				errs <- fmt.Errorf("tenant t-%d got %+v, want its own record of %d µ", i, applied, i+1)
 			}
 		}()
 	}
@@ -50,16 +59,12 @@ func TestConcurrentCallersSharePipelinesAndEachGetsItsOwnAnswer(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	due, err := s.Due(ctx, t0.Add(time.Hour), 10_000)
-	if err != nil || len(due) != 1000 {
-		t.Fatalf("%d segments due, want 1000 (%v)", len(due), err)
-	}
 }
 
 func TestApplyingARecordTwiceCountsItOnce(t *testing.T) {
 	t.Parallel()
 	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
-	ctx := context.Background()
+	ctx := t.Context()
 	first, err := s.Apply(ctx, "", usage("usage:r-1:a", 700))
 	if err != nil || !first.New || first.MonthBefore != 0 || first.MonthAfter != 700 {
 		t.Fatalf("first apply %+v (%v)", first, err)
@@ -78,7 +83,7 @@ func TestScriptsStillRunAfterRedisLosesItsScriptCache(t *testing.T) {
 	t.Parallel()
 	r := testkit.StartRedis(t)
 	s := redisstore.New(r.Client(t), "")
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := s.Apply(ctx, "", usage("usage:r-1:a", 5)); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +92,7 @@ func TestScriptsStillRunAfterRedisLosesItsScriptCache(t *testing.T) {
 		_, err := s.Apply(ctx, "", usage("usage:r-1:b", 5))
 		return err
 	})
-	st, err := s.Stopped(ctx, redisstore.SegmentRef{RentalID: "r-2", Attempt: 1}, t0, t0.Add(time.Minute), shizuv1.ExitReason_EXIT_REASON_COMPLETED)
+	st, err := mergeOne(ctx, s, ledger.StoppedEvent(ledger.SegmentRef{RentalID: "r-2", Attempt: 1}, t0, t0.Add(time.Minute), shizuv1.ExitReason_EXIT_REASON_COMPLETED))
 	if err != nil || !st.StoppedAt.Equal(t0.Add(time.Minute)) {
 		t.Fatalf("stopped after restart: %+v (%v)", st, err)
 	}
@@ -96,10 +101,10 @@ func TestScriptsStillRunAfterRedisLosesItsScriptCache(t *testing.T) {
 func TestTheEarliestLostHeartbeatWinsWhateverTheOrder(t *testing.T) {
 	t.Parallel()
 	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
-	ctx := context.Background()
-	ref := redisstore.SegmentRef{RentalID: "r-1", Attempt: 1}
-	if _, err := s.Scheduled(ctx, ledger.SegmentState{RentalID: "r-1", Attempt: 1, TenantID: "acme", NodeID: "node-1",
-		Plan: shizuv1.Plan_PLAN_ON_DEMAND, Model: "H100-SXM5-80GB", GPUCount: 1, MilliGPU: 1000}); err != nil {
+	ctx := t.Context()
+	ref := ledger.SegmentRef{RentalID: "r-1", Attempt: 1}
+	if _, err := mergeOne(ctx, s, ledger.ScheduledEvent(ledger.SegmentState{RentalID: "r-1", Attempt: 1, TenantID: "acme", NodeID: "node-1",
+		Plan: shizuv1.Plan_PLAN_ON_DEMAND, Model: "H100-SXM5-80GB", GPUCount: 1, MilliGPU: 1000})); err != nil {
 		t.Fatal(err)
 	}
 	for _, at := range []time.Time{t0.Add(2 * time.Minute), t0.Add(time.Minute), t0.Add(3 * time.Minute)} {
@@ -107,7 +112,7 @@ func TestTheEarliestLostHeartbeatWinsWhateverTheOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st, err := s.Segment(ctx, ref)
+	st, err := mergeOne(ctx, s, ledger.SegmentEvent{Ref: ref})
 	if err != nil || !st.LostAt.Equal(t0.Add(time.Minute)) {
 		t.Fatalf("lost at %s, want the earliest report (%v)", st.LostAt, err)
 	}
@@ -116,10 +121,10 @@ func TestTheEarliestLostHeartbeatWinsWhateverTheOrder(t *testing.T) {
 func TestALossEndsOnlyThePlacementItWasReportedFor(t *testing.T) {
 	t.Parallel()
 	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
-	ctx := context.Background()
+	ctx := t.Context()
 	for _, a := range []int32{1, 2} {
-		if _, err := s.Scheduled(ctx, ledger.SegmentState{RentalID: "r-1", Attempt: a, TenantID: "acme", NodeID: "node-1",
-			Plan: shizuv1.Plan_PLAN_ON_DEMAND, Model: "H100-SXM5-80GB", GPUCount: 1, MilliGPU: 1000}); err != nil {
+		if _, err := mergeOne(ctx, s, ledger.ScheduledEvent(ledger.SegmentState{RentalID: "r-1", Attempt: a, TenantID: "acme", NodeID: "node-1",
+			Plan: shizuv1.Plan_PLAN_ON_DEMAND, Model: "H100-SXM5-80GB", GPUCount: 1, MilliGPU: 1000})); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -127,7 +132,7 @@ func TestALossEndsOnlyThePlacementItWasReportedFor(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Attempt 2 runs on the same node again, after the loss.
-	st, err := s.Started(ctx, redisstore.SegmentRef{RentalID: "r-1", Attempt: 2}, "node-1", t0.Add(time.Minute), t0.Add(2*time.Minute))
+	st, err := mergeOne(ctx, s, ledger.StartedEvent(ledger.SegmentRef{RentalID: "r-1", Attempt: 2}, "node-1", t0.Add(time.Minute), t0.Add(2*time.Minute)))
 	if err != nil || !st.LostAt.IsZero() || !st.End().IsZero() {
 		t.Fatalf("attempt 2 inherited attempt 1's loss: lost %s end %s (%v)", st.LostAt, st.End(), err)
 	}
@@ -140,22 +145,19 @@ func TestMergingABatchGivesEachSegmentItsOwnEvents(t *testing.T) {
 	t.Parallel()
 	rdb := testkit.StartRedis(t).Client(t)
 	s := redisstore.New(rdb, "")
-	ctx := context.Background()
-	a := redisstore.SegmentRef{RentalID: "r-a", Attempt: 1}
-	b := redisstore.SegmentRef{RentalID: "r-b", Attempt: 2}
-	c := redisstore.SegmentRef{RentalID: "r-c", Attempt: 1}
-	sched, err := redisstore.ScheduledEvent(ledger.SegmentState{RentalID: "r-b", Attempt: 2, TenantID: "acme", NodeID: "node-2",
+	ctx := t.Context()
+	a := ledger.SegmentRef{RentalID: "r-a", Attempt: 1}
+	b := ledger.SegmentRef{RentalID: "r-b", Attempt: 2}
+	c := ledger.SegmentRef{RentalID: "r-c", Attempt: 1}
+	sched := ledger.ScheduledEvent(ledger.SegmentState{RentalID: "r-b", Attempt: 2, TenantID: "acme", NodeID: "node-2",
 		Plan: shizuv1.Plan_PLAN_SPOT, Model: "H100-SXM5-80GB", Zone: "eu-1", GPUCount: 4, MilliGPU: 1000, Labels: map[string]string{"team": "nlp"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	states, err := s.MergeSegments(ctx, []redisstore.SegmentEvent{
-		redisstore.StartedEvent(a, "node-1", t0, t0.Add(time.Minute)),
+	states, err := s.MergeSegments(ctx, []ledger.SegmentEvent{
+		ledger.StartedEvent(a, "node-1", t0, t0.Add(time.Minute)),
 		sched,
-		redisstore.StartedEvent(a, "node-9", t0.Add(time.Hour), t0.Add(time.Hour)), // a later start report loses
-		redisstore.StoppedEvent(b, t0, t0.Add(90*time.Second), shizuv1.ExitReason_EXIT_REASON_COMPLETED),
+		ledger.StartedEvent(a, "node-9", t0.Add(time.Hour), t0.Add(time.Hour)), // a later start report loses
+		ledger.StoppedEvent(b, t0, t0.Add(90*time.Second), shizuv1.ExitReason_EXIT_REASON_COMPLETED),
 		{Ref: c}, // only loaded
-		redisstore.StoppedEvent(a, t0, t0.Add(30*time.Second), shizuv1.ExitReason_EXIT_REASON_CANCELLED),
+		ledger.StoppedEvent(a, t0, t0.Add(30*time.Second), shizuv1.ExitReason_EXIT_REASON_CANCELLED),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +178,7 @@ func TestMergingABatchGivesEachSegmentItsOwnEvents(t *testing.T) {
 	if err != nil || len(attempts) != 1 || attempts[0] != 2 {
 		t.Fatalf("attempts of r-b %v (%v), want [2]", attempts, err)
 	}
-	if err := s.AdvanceAll(ctx, []redisstore.Advance{
+	if err := s.AdvanceAll(ctx, []ledger.Advance{
 		{Ref: a, Cursor: t0.Add(30 * time.Second), Finished: true},
 		{Ref: b, Cursor: t0.Add(time.Minute), Due: t0.Add(2 * time.Minute)},
 	}); err != nil {
@@ -193,7 +195,7 @@ func TestMergingABatchGivesEachSegmentItsOwnEvents(t *testing.T) {
 func TestApplyingABatchCountsEachRecordIdOnce(t *testing.T) {
 	t.Parallel()
 	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
-	ctx := context.Background()
+	ctx := t.Context()
 	got, err := s.ApplyAll(ctx, "", []*shizuv1.UsageRecorded{usage("usage:r-1:a", 700), usage("usage:r-1:b", 300), usage("usage:r-1:a", 700)})
 	if err != nil {
 		t.Fatal(err)
@@ -213,11 +215,11 @@ func TestApplyingABatchCountsEachRecordIdOnce(t *testing.T) {
 func TestAFinishedSegmentIsNeverDueAgain(t *testing.T) {
 	t.Parallel()
 	s := redisstore.New(testkit.StartRedis(t).Client(t), "")
-	ctx := context.Background()
-	ref := redisstore.SegmentRef{RentalID: "r-f", Attempt: 1}
+	ctx := t.Context()
+	ref := ledger.SegmentRef{RentalID: "r-f", Attempt: 1}
 	stop := t0.Add(90 * time.Second)
-	finish := redisstore.Advance{Ref: ref, Cursor: stop, Finished: true}
-	running := redisstore.Advance{Ref: ref, Cursor: t0.Add(time.Minute), Due: t0.Add(2 * time.Minute)}
+	finish := ledger.Advance{Ref: ref, Cursor: stop, Finished: true}
+	running := ledger.Advance{Ref: ref, Cursor: t0.Add(time.Minute), Due: t0.Add(2 * time.Minute)}
 	due := func(when string) {
 		t.Helper()
 		refs, err := s.Due(ctx, t0.Add(time.Hour), 10_000)
@@ -225,44 +227,40 @@ func TestAFinishedSegmentIsNeverDueAgain(t *testing.T) {
 			t.Fatalf("%s: due %v (%v), want nothing", when, refs, err)
 		}
 	}
-	if _, err := s.Started(ctx, ref, "node-1", t0, t0.Add(time.Minute)); err != nil {
+	if _, err := mergeOne(ctx, s, ledger.StartedEvent(ref, "node-1", t0, t0.Add(time.Minute))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Stopped(ctx, ref, t0, stop, shizuv1.ExitReason_EXIT_REASON_COMPLETED); err != nil {
+	if _, err := mergeOne(ctx, s, ledger.StoppedEvent(ref, t0, stop, shizuv1.ExitReason_EXIT_REASON_COMPLETED)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AdvanceAll(ctx, []redisstore.Advance{finish}); err != nil {
+	if err := s.AdvanceAll(ctx, []ledger.Advance{finish}); err != nil {
 		t.Fatal(err)
 	}
 	due("finished")
 	// The closer's running advance lands after the stop's finishing one.
-	if err := s.AdvanceAll(ctx, []redisstore.Advance{running}); err != nil {
+	if err := s.AdvanceAll(ctx, []ledger.Advance{running}); err != nil {
 		t.Fatal(err)
 	}
 	due("late running advance")
-	if err := s.Advance(ctx, running); err != nil {
-		t.Fatal(err)
-	}
-	due("late running advance (pipelined)")
 	// Redelivered start and stop, one by one and in a batch.
-	if _, err := s.Started(ctx, ref, "node-1", t0, t0.Add(time.Minute)); err != nil {
+	if _, err := mergeOne(ctx, s, ledger.StartedEvent(ref, "node-1", t0, t0.Add(time.Minute))); err != nil {
 		t.Fatal(err)
 	}
 	due("redelivered start")
-	if _, err := s.MergeSegments(ctx, []redisstore.SegmentEvent{
-		redisstore.StartedEvent(ref, "node-1", t0, t0.Add(time.Minute)),
-		redisstore.StoppedEvent(ref, t0, stop, shizuv1.ExitReason_EXIT_REASON_COMPLETED),
+	if _, err := s.MergeSegments(ctx, []ledger.SegmentEvent{
+		ledger.StartedEvent(ref, "node-1", t0, t0.Add(time.Minute)),
+		ledger.StoppedEvent(ref, t0, stop, shizuv1.ExitReason_EXIT_REASON_COMPLETED),
 	}); err != nil {
 		t.Fatal(err)
 	}
 	due("redelivered batch")
-	st, err := s.Segment(ctx, ref)
+	st, err := mergeOne(ctx, s, ledger.SegmentEvent{Ref: ref})
 	if err != nil || !st.Done || !st.Cursor.Equal(t0.Add(90*time.Second)) {
 		t.Fatalf("segment %+v (%v), want done with its cursor at the stop", st, err)
 	}
 	// A segment whose start arrived before its schedule stays due.
-	early := redisstore.SegmentRef{RentalID: "r-early", Attempt: 1}
-	if _, err := s.Started(ctx, early, "node-2", t0, t0.Add(time.Minute)); err != nil {
+	early := ledger.SegmentRef{RentalID: "r-early", Attempt: 1}
+	if _, err := mergeOne(ctx, s, ledger.StartedEvent(early, "node-2", t0, t0.Add(time.Minute))); err != nil {
 		t.Fatal(err)
 	}
 	if refs, err := s.Due(ctx, t0.Add(time.Hour), 10_000); err != nil || len(refs) != 1 || refs[0] != early {
@@ -275,7 +273,7 @@ func TestADaysAppliedRecordIdsExpireLongAfterItsLastRecord(t *testing.T) {
 	r := testkit.StartRedis(t)
 	rdb := r.Client(t)
 	s := redisstore.New(rdb, "")
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := s.ApplyAll(ctx, "", []*shizuv1.UsageRecorded{usage("usage:r-1:a", 700), usage("usage:r-1:b", 300)}); err != nil {
 		t.Fatal(err)
 	}

@@ -2,10 +2,11 @@
 // which default to SHIZU_* environment variables; run with -h for the list
 // and -validate to check a configuration without starting.
 //
-// One-shot commands:
+// One-shot commands (app.Commands):
 //
-//	metering rebuild                                   recompute the aggregates from the BILLING stream
-//	metering invoice -tenant T -from 2026-11-01 -to 2026-12-01   close and publish an invoice
+//	metering rebuild                                              recompute the aggregates from the BILLING stream
+//	metering invoice -tenant T -from 2026-11-01 -to 2026-12-01    close and publish a tenant's invoice for a period
+//	metering report -tenant T -month 2026-11                      print a tenant's spend by label and the budget thresholds crossed
 package main
 
 import (
