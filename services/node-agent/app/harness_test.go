@@ -54,7 +54,7 @@ func newBareEnv(t testing.TB) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = e.admin.Close(context.Background()) })
+	t.Cleanup(func() { _ = e.admin.Close(context.WithoutCancel(t.Context())) })
 	if e.store, err = capacity.New(e.redis.Client(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ type running struct {
 
 func (e *env) start(t testing.TB, cfg app.Config) *running {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	r := &running{cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- app.Run(ctx, cfg) }()
 	t.Cleanup(func() { r.stop(t) })
