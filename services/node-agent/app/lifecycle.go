@@ -29,7 +29,7 @@ type nodeAgent struct {
 	cfg    Config
 	log    *slog.Logger
 	bus    publisher
-	store  *capacity.Store
+	store  nodeRecords
 	beats  heartbeat
 	host   gpu.Host
 	load   gpu.LoadModel // nil on real GPUs

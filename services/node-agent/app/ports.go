@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/capacity"
 )
 
 // publisher is what the agent needs of the bus to announce what happened:
@@ -21,6 +22,17 @@ type publisher interface {
 // stop (agenttest.RunHeartbeatContract).
 type heartbeat interface {
 	Beat(ctx context.Context, node string, epoch int64) error
+}
+
+// nodeRecords is what the agent needs of the capacity store: its node's
+// registration, epoch and status, and the allocations it holds
+// (agenttest.RunNodeRecordsContract). *capacity.Store is the real one.
+type nodeRecords interface {
+	Register(ctx context.Context, n capacity.Node) (uint64, error)
+	Node(ctx context.Context, nodeID string) (capacity.NodeState, error)
+	Renew(ctx context.Context, rentalID, nodeID string, epoch uint64) error
+	SetStatus(ctx context.Context, nodeID string, status capacity.NodeStatus, expectedEpoch uint64) error
+	Allocations(ctx context.Context, nodeID string) ([]capacity.Allocation, error)
 }
 
 // busPublisher publishes on JetStream.

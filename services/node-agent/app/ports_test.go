@@ -14,17 +14,22 @@ import (
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/node-agent/agent"
 	"github.com/shizu-gpu/shizu/services/node-agent/app/agenttest"
+	"github.com/shizu-gpu/shizu/services/node-agent/gpu"
 	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
 // The contract suites' interfaces are the app's own.
 var (
-	_ agenttest.Publisher = publisher(nil)
-	_ publisher           = agenttest.Publisher(nil)
-	_ agenttest.Heartbeat = heartbeat(nil)
-	_ heartbeat           = agenttest.Heartbeat(nil)
+	_ agenttest.Publisher   = publisher(nil)
+	_ publisher             = agenttest.Publisher(nil)
+	_ agenttest.Heartbeat   = heartbeat(nil)
+	_ heartbeat             = agenttest.Heartbeat(nil)
+	_ agenttest.NodeRecords = nodeRecords(nil)
+	_ nodeRecords           = agenttest.NodeRecords(nil)
+	_ nodeRecords           = (*capacity.Store)(nil)
 )
 
 func pw(user string) string { return "pw-" + user }
@@ -114,12 +119,29 @@ func TestTheJetStreamHeartbeatPassesTheHeartbeatContract(t *testing.T) {
 // reporting is an agent of node n1 at epoch 3 with only what reporting
 // needs: fakes of the bus and the heartbeat bucket.
 func reporting(t *testing.T) (*nodeAgent, *agenttest.Bus, *agenttest.Beats) {
-	b, h := agenttest.NewBus(), agenttest.NewBeats()
-	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	a := &nodeAgent{cfg: Config{NodeID: "n1", HeartbeatInterval: time.Hour}, log: slog.New(slog.NewTextHandler(t.Output(), nil)),
-		bus: b, beats: h, now: func() time.Time { return at }, report: agent.Events{NodeID: "n1", Source: "node-agent/n1"},
-		epoch: 3, beatNow: make(chan struct{}, 1)}
+	a, b, h, _ := withFakes(t)
+	a.epoch = 3
 	return a, b, h
+}
+
+// withFakes is an agent of node n1 (one GPU, not registered yet) over
+// fakes of the bus, the heartbeat bucket and the capacity store, without
+// GPUs, runtime or loops.
+func withFakes(t *testing.T) (*nodeAgent, *agenttest.Bus, *agenttest.Beats, *agenttest.Capacity) {
+	t.Helper()
+	b, h, c := agenttest.NewBus(), agenttest.NewBeats(), agenttest.NewCapacity()
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	inv := gpu.Inventory{Devices: []gpu.Device{{Index: 0, UUID: "GPU-0", Model: "H100-SXM5-80GB", VRAMMiB: 81920, PCIBusID: "0000:18:00.0"}}}
+	desc, err := agent.Describe(agent.Facts{NodeID: "n1", Zone: "local", Market: shizuv1.Market_MARKET_ON_DEMAND,
+		PriceMicros: 2_000_000, Currency: "USD", CPUMilli: 8000, MemoryMiB: 65536}, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &nodeAgent{cfg: Config{NodeID: "n1", HeartbeatInterval: time.Hour}, log: slog.New(slog.NewTextHandler(t.Output(), nil)),
+		bus: b, beats: h, store: c, now: func() time.Time { return at }, report: agent.Events{NodeID: "n1", Source: "node-agent/n1"},
+		desc: desc, inv: inv, health: agent.NewHealthBook(1), running: map[string]agent.Rental{}, stopping: map[string]shizuv1.ExitReason{},
+		beatNow: make(chan struct{}, 1)}
+	return a, b, h, c
 }
 
 func TestAHealthChangeTheBusRefusesIsRetriedAndTheChangesStayInOrder(t *testing.T) {
@@ -196,5 +218,27 @@ func TestTheHeartbeatCarriesTheEpochBeatsAtOnceWhenAskedAndOutlivesARefusal(t *t
 			return errors.New("no beat at epoch 4 after the refusal")
 		}
 		return nil
+	})
+}
+
+func TestTheRedisCapacityStorePassesTheNodeRecordsContract(t *testing.T) {
+	t.Parallel()
+	store, err := capacity.New(testkit.StartRedis(t).Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agenttest.RunNodeRecordsContract(t, func(t *testing.T) agenttest.NodeRecordsUnderTest {
+		return agenttest.NodeRecordsUnderTest{Records: store,
+			Reserve: func(t *testing.T, rental, node string, epoch uint64) {
+				if _, err := store.Reserve(t.Context(), capacity.Placement{RentalID: rental, NodeID: node, Epoch: epoch, Tenant: "acme",
+					GPUs: []capacity.GPUShare{{Index: 0, Milli: 1000}}}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			Fence: func(t *testing.T, node string, epoch uint64) {
+				if _, err := store.Fence(t.Context(), node, epoch); err != nil {
+					t.Fatal(err)
+				}
+			}}
 	})
 }

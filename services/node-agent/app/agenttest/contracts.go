@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/capacity"
 )
 
 // The interfaces the node agent needs (its own declarations in app have
@@ -28,6 +29,15 @@ type (
 	// Heartbeat renews a node's liveness key with its epoch.
 	Heartbeat interface {
 		Beat(ctx context.Context, node string, epoch int64) error
+	}
+	// NodeRecords are the capacity store's records of one node: its
+	// registration, epoch and status, and the allocations it holds.
+	NodeRecords interface {
+		Register(ctx context.Context, n capacity.Node) (uint64, error)
+		Node(ctx context.Context, nodeID string) (capacity.NodeState, error)
+		Renew(ctx context.Context, rentalID, nodeID string, epoch uint64) error
+		SetStatus(ctx context.Context, nodeID string, status capacity.NodeStatus, expectedEpoch uint64) error
+		Allocations(ctx context.Context, nodeID string) ([]capacity.Allocation, error)
 	}
 )
 
@@ -168,5 +178,111 @@ func RunHeartbeatContract(t *testing.T, open func(t *testing.T) HeartbeatUnderTe
 		if alive, _ := h.Alive(t, "hb-4"); alive {
 			t.Fatal("a refused beat made the node alive")
 		}
+	})
+}
+
+// NodeRecordsUnderTest is NodeRecords with what the scheduler and
+// failover do to them, which the agent only observes.
+type NodeRecordsUnderTest struct {
+	Records NodeRecords
+	// Reserve allocates all of GPU 0 of node to rental under epoch.
+	Reserve func(t *testing.T, rental, node string, epoch uint64)
+	// Fence takes node out of service at epoch (its epoch moves on by one).
+	Fence func(t *testing.T, node string, epoch uint64)
+}
+
+// Node is a valid node of id with one whole GPU.
+func Node(id string) capacity.Node {
+	return capacity.Node{ID: id, Zone: "local", Market: capacity.MarketOnDemand, PricePerGPUHourMicros: 2_000_000, Currency: "USD",
+		CPUMilli: 8000, MemoryMiB: 65536, GPUs: []capacity.GPU{{Index: 0, UUID: "GPU-" + id, Model: "H100-SXM5-80GB", VRAMMiB: 81920}}}
+}
+
+// RunNodeRecordsContract checks what the agent relies on in the capacity
+// store: a restart keeps the epoch and the allocations, a fence kills the
+// node at the next epoch and its allocations can never be renewed again,
+// registering brings a fenced node back, a drain outlives a registration,
+// and what is not there is not found.
+func RunNodeRecordsContract(t *testing.T, open func(t *testing.T) NodeRecordsUnderTest) {
+	register := func(t *testing.T, r NodeRecords, id string, want uint64) {
+		t.Helper()
+		if epoch, err := r.Register(t.Context(), Node(id)); err != nil || epoch != want {
+			t.Fatalf("register %s = epoch %d, %v; want %d", id, epoch, err, want)
+		}
+	}
+	state := func(t *testing.T, r NodeRecords, id string, status capacity.NodeStatus, epoch uint64) capacity.NodeState {
+		t.Helper()
+		st, err := r.Node(t.Context(), id)
+		if err != nil || st.Status != status || st.Epoch != epoch {
+			t.Fatalf("node %s = %s at epoch %d (%v), want %s at %d", id, st.Status, st.Epoch, err, status, epoch)
+		}
+		return st
+	}
+	t.Run("a new node is ready at epoch 1 and a registration again keeps its epoch and allocations", func(t *testing.T) {
+		u := open(t)
+		register(t, u.Records, "nr-1", 1)
+		state(t, u.Records, "nr-1", capacity.StatusReady, 1)
+		u.Reserve(t, "r-1", "nr-1", 1)
+		register(t, u.Records, "nr-1", 1)
+		if err := u.Records.Renew(t.Context(), "r-1", "nr-1", 1); err != nil {
+			t.Fatalf("renew after a clean restart: %v", err)
+		}
+		allocs, err := u.Records.Allocations(t.Context(), "nr-1")
+		if err != nil || len(allocs) != 1 || allocs[0].RentalID != "r-1" || allocs[0].Epoch != 1 {
+			t.Fatalf("allocations = %+v, %v", allocs, err)
+		}
+	})
+	t.Run("what is not there is not found", func(t *testing.T) {
+		u := open(t)
+		if _, err := u.Records.Node(t.Context(), "nr-none"); !capacity.IsNotFound(err) {
+			t.Fatalf("node of no such node: %v", err)
+		}
+		if err := u.Records.Renew(t.Context(), "r-1", "nr-none", 1); !capacity.IsNotFound(err) {
+			t.Fatalf("renew on no such node: %v", err)
+		}
+		register(t, u.Records, "nr-2", 1)
+		if err := u.Records.Renew(t.Context(), "r-none", "nr-2", 1); !capacity.IsNotFound(err) {
+			t.Fatalf("renew of no such allocation: %v", err)
+		}
+		if allocs, err := u.Records.Allocations(t.Context(), "nr-2"); err != nil || len(allocs) != 0 {
+			t.Fatalf("allocations of an empty node = %+v, %v", allocs, err)
+		}
+	})
+	t.Run("a fenced node's allocations are never renewed and registering brings the node back", func(t *testing.T) {
+		u := open(t)
+		register(t, u.Records, "nr-3", 1)
+		u.Reserve(t, "r-3", "nr-3", 1)
+		u.Fence(t, "nr-3", 1)
+		state(t, u.Records, "nr-3", capacity.StatusDead, 2)
+		if err := u.Records.Renew(t.Context(), "r-3", "nr-3", 1); !capacity.IsFenced(err) {
+			t.Fatalf("renew on a dead node: %v", err)
+		}
+		if err := u.Records.SetStatus(t.Context(), "nr-3", capacity.StatusDraining, 2); !capacity.IsFenced(err) {
+			t.Fatalf("drain of a dead node: %v", err)
+		}
+		register(t, u.Records, "nr-3", 2)
+		state(t, u.Records, "nr-3", capacity.StatusReady, 2)
+		for _, epoch := range []uint64{1, 2} {
+			if err := u.Records.Renew(t.Context(), "r-3", "nr-3", epoch); !capacity.IsFenced(err) {
+				t.Fatalf("renew of an allocation from before the fence at epoch %d: %v", epoch, err)
+			}
+		}
+		if allocs, err := u.Records.Allocations(t.Context(), "nr-3"); err != nil || len(allocs) != 1 || allocs[0].RentalID != "r-3" {
+			t.Fatalf("a fenced allocation stays recorded until released: %+v, %v", allocs, err)
+		}
+	})
+	t.Run("a drain outlives a registration and is refused at a stale epoch", func(t *testing.T) {
+		u := open(t)
+		register(t, u.Records, "nr-4", 1)
+		for range 2 { // setting the status a node has changes nothing
+			if err := u.Records.SetStatus(t.Context(), "nr-4", capacity.StatusDraining, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		register(t, u.Records, "nr-4", 1)
+		state(t, u.Records, "nr-4", capacity.StatusDraining, 1)
+		if err := u.Records.SetStatus(t.Context(), "nr-4", capacity.StatusReady, 7); !capacity.IsConflict(err) {
+			t.Fatalf("status at a stale epoch: %v", err)
+		}
+		state(t, u.Records, "nr-4", capacity.StatusDraining, 1)
 	})
 }

@@ -21,3 +21,21 @@ func TestTheFakeBeatsPassTheHeartbeatContract(t *testing.T) {
 		return agenttest.HeartbeatUnderTest{Heartbeat: h, Alive: func(_ *testing.T, node string) (bool, int64) { return h.Alive(node) }}
 	})
 }
+
+func TestTheFakeCapacityPassesTheNodeRecordsContract(t *testing.T) {
+	t.Parallel()
+	agenttest.RunNodeRecordsContract(t, func(t *testing.T) agenttest.NodeRecordsUnderTest {
+		c := agenttest.NewCapacity()
+		return agenttest.NodeRecordsUnderTest{Records: c,
+			Reserve: func(t *testing.T, rental, node string, epoch uint64) {
+				if err := c.Reserve(rental, node, epoch); err != nil {
+					t.Fatal(err)
+				}
+			},
+			Fence: func(t *testing.T, node string, epoch uint64) {
+				if err := c.Fence(node, epoch); err != nil {
+					t.Fatal(err)
+				}
+			}}
+	})
+}
