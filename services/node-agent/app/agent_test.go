@@ -340,7 +340,7 @@ func TestAnOperatorDrainStopsNewWorkAndReportsTheNodeDrained(t *testing.T) {
 		t.Fatal("h200x8 runs with confidential computing on; the node must say it is TEE capable")
 	}
 	e.send(t, "n7", "drain", &shizuv1.DrainNode{
-		Meta:   &shizuv1.EventMeta{EventId: "cmd:drain:n7:1", OccurredAt: nowTS(), Source: "autoscaler"},
+		Meta:   shizuv1.NewMeta("cmd:drain:n7:1", "autoscaler", "", "", time.Now()),
 		NodeId: "n7", Epoch: 1, Deadline: nowTS(), Reason: "scale-in of pool web"})
 	drained := await(t, e, topology.StreamNodes, "node.n7.drained", func(ev *shizuv1.NodeDrained) error { return nil })
 	if drained.GetReason() != "scale-in of pool web" || drained.GetEpoch() != 1 {

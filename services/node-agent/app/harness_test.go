@@ -217,11 +217,11 @@ func (e *env) place(t testing.TB, node string, epoch int64, rental string, milli
 		t.Fatal(err)
 	}
 	g := st.GPUs[0]
-	now := timestamppb.Now()
+	now := time.Now()
 	return &shizuv1.StartRental{
-		Meta: &shizuv1.EventMeta{EventId: "cmd:start:" + rental + ":1", OccurredAt: now, Source: "scheduler", CorrelationId: rental},
+		Meta: shizuv1.NewMeta("cmd:start:"+rental+":1", "scheduler", "", rental, now),
 		Scheduled: &shizuv1.RentalScheduled{
-			Meta:     &shizuv1.EventMeta{EventId: "rental:" + rental + ":scheduled:1", OccurredAt: now, Source: "scheduler", CorrelationId: rental},
+			Meta:     shizuv1.NewMeta("rental:"+rental+":scheduled:1", "scheduler", "", rental, now),
 			RentalId: rental, TenantId: "acme", NodeId: node, NodeEpoch: epoch,
 			Gpus:     []*shizuv1.GpuAssignment{{GpuIndex: 0, GpuUuid: g.UUID, MilliGpu: milli, VramMib: vram}},
 			Spec:     &shizuv1.RentalSpec{GpuCount: 1, MilliGpu: milli, VramMib: vram, Plan: shizuv1.Plan_PLAN_ON_DEMAND, Command: command},
@@ -239,7 +239,7 @@ func (e *env) send(t testing.TB, node, verb string, cmd proto.Message) {
 
 func stopCmd(node, rental string, reason shizuv1.ExitReason, grace time.Duration) *shizuv1.StopRental {
 	return &shizuv1.StopRental{
-		Meta:     &shizuv1.EventMeta{EventId: "cmd:stop:" + rental + ":1", OccurredAt: timestamppb.Now(), Source: "scheduler", CorrelationId: rental},
+		Meta:     shizuv1.NewMeta("cmd:stop:"+rental+":1", "scheduler", "", rental, time.Now()),
 		RentalId: rental, TenantId: "acme", NodeId: node, Attempt: 1, Reason: reason, GracePeriod: durationpb.New(grace),
 	}
 }
