@@ -50,8 +50,8 @@ type PublisherUnderTest struct {
 
 var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
-// Drained is a valid NodeDrained of node at epoch; its id names both.
-func Drained(node string, epoch int64) *shizuv1.NodeDrained {
+// drained is a valid NodeDrained of node at epoch; its id names both.
+func drained(node string, epoch int64) *shizuv1.NodeDrained {
 	return &shizuv1.NodeDrained{
 		Meta:   shizuv1.NewMeta(fmt.Sprintf("node:%s:drained:%d", node, epoch), "node-agent/"+node, "", node, t0),
 		NodeId: node, Epoch: epoch, DrainStartedAt: timestamppb.New(t0), Reason: "scale-in",
@@ -78,7 +78,7 @@ func RunPublisherContract(t *testing.T, open func(t *testing.T) PublisherUnderTe
 	}
 	t.Run("a published event is held on its subject as sent", func(t *testing.T) {
 		p := open(t)
-		ev := Drained("c-held", 1)
+		ev := drained("c-held", 1)
 		if err := p.Publisher.Publish(t.Context(), "node.c-held.drained", ev); err != nil {
 			t.Fatal(err)
 		}
@@ -93,11 +93,11 @@ func RunPublisherContract(t *testing.T, open func(t *testing.T) PublisherUnderTe
 	t.Run("an event published twice under one id is held once", func(t *testing.T) {
 		p := open(t)
 		for range 2 {
-			if err := p.Publisher.Publish(t.Context(), "node.c-dup.drained", Drained("c-dup", 1)); err != nil {
+			if err := p.Publisher.Publish(t.Context(), "node.c-dup.drained", drained("c-dup", 1)); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := p.Publisher.Publish(t.Context(), "node.c-dup.drained", Drained("c-dup", 2)); err != nil {
+		if err := p.Publisher.Publish(t.Context(), "node.c-dup.drained", drained("c-dup", 2)); err != nil {
 			t.Fatal(err)
 		}
 		if got := held(t, p, "node.c-dup.drained"); len(got) != 2 || got[0].GetEpoch() != 1 || got[1].GetEpoch() != 2 {
@@ -106,9 +106,9 @@ func RunPublisherContract(t *testing.T, open func(t *testing.T) PublisherUnderTe
 	})
 	t.Run("what cannot be an event is refused and not held", func(t *testing.T) {
 		p := open(t)
-		noID := Drained("c-bad", 1)
+		noID := drained("c-bad", 1)
 		noID.Meta.EventId = ""
-		badText := Drained("c-bad", 2)
+		badText := drained("c-bad", 2)
 		badText.Reason = "scale-in \xe2\x96" // a █ cut in half
 		for _, ev := range []*shizuv1.NodeDrained{noID, badText} {
 			if err := p.Publisher.Publish(t.Context(), "node.c-bad.drained", ev); err == nil {
@@ -123,7 +123,7 @@ func RunPublisherContract(t *testing.T, open func(t *testing.T) PublisherUnderTe
 		p := open(t)
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		if err := p.Publisher.Publish(ctx, "node.c-late.drained", Drained("c-late", 1)); err == nil {
+		if err := p.Publisher.Publish(ctx, "node.c-late.drained", drained("c-late", 1)); err == nil {
 			t.Fatal("published with an ended context")
 		}
 		if got := held(t, p, "node.c-late.drained"); len(got) != 0 {
@@ -191,8 +191,8 @@ type NodeRecordsUnderTest struct {
 	Fence func(t *testing.T, node string, epoch uint64)
 }
 
-// Node is a valid node of id with one whole GPU.
-func Node(id string) capacity.Node {
+// validNode is a valid node of id with one whole GPU.
+func validNode(id string) capacity.Node {
 	return capacity.Node{ID: id, Zone: "local", Market: capacity.MarketOnDemand, PricePerGPUHourMicros: 2_000_000, Currency: "USD",
 		CPUMilli: 8000, MemoryMiB: 65536, GPUs: []capacity.GPU{{Index: 0, UUID: "GPU-" + id, Model: "H100-SXM5-80GB", VRAMMiB: 81920}}}
 }
@@ -205,7 +205,7 @@ func Node(id string) capacity.Node {
 func RunNodeRecordsContract(t *testing.T, open func(t *testing.T) NodeRecordsUnderTest) {
 	register := func(t *testing.T, r NodeRecords, id string, want uint64) {
 		t.Helper()
-		if epoch, err := r.Register(t.Context(), Node(id)); err != nil || epoch != want {
+		if epoch, err := r.Register(t.Context(), validNode(id)); err != nil || epoch != want {
 			t.Fatalf("register %s = epoch %d, %v; want %d", id, epoch, err, want)
 		}
 	}
