@@ -40,7 +40,7 @@ func TestDescribeRegistersEverythingDiscoveredAndConfigured(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev.Epoch = 1
-	ev.Meta = agent.Meta("node:n1:registered:1", "node-agent/n1", "", "n1", time.Unix(1, 0))
+	ev.Meta = shizuv1.NewMeta("node:n1:registered:1", "node-agent/n1", "", "n1", time.Unix(1, 0))
 	if err := ev.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -60,6 +60,24 @@ const (
 	Retry
 )
 
+// String is the verdict as the shizu.outcome label of
+// shizu.agent.commands: run, already_done, skipped, invalid, retry.
+func (v Verdict) String() string {
+	switch v {
+	case Run:
+		return "run"
+	case AlreadyDone:
+		return "already_done"
+	case Skip:
+		return "skipped"
+	case Invalid:
+		return "invalid"
+	case Retry:
+		return "retry"
+	}
+	return ""
+}
+
 // Decision is a verdict with its reason.
 type Decision struct {
 	Verdict Verdict

@@ -4,9 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"time"
-
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/node-agent/gpu"
@@ -101,8 +98,16 @@ func Describe(f Facts, inv gpu.Inventory) (*shizuv1.NodeRegistered, error) {
 	return ev, nil
 }
 
-// Meta builds an event envelope.
-func Meta(id, source, causation, correlation string, now time.Time) *shizuv1.EventMeta {
-	return &shizuv1.EventMeta{EventId: id, OccurredAt: timestamppb.New(now), Source: source,
-		CausationId: causation, CorrelationId: correlation}
+// StoredNode is what the capacity store holds of this node.
+type StoredNode struct {
+	Found bool // false: the store lost the node (a flushed or replaced Redis)
+	Dead  bool
+	Epoch int64
+}
+
+// MustRegister reports whether the agent at epoch must register its node
+// again: the store lost it, failover declared it dead, or its epoch moved
+// (the node was fenced).
+func MustRegister(n StoredNode, epoch int64) bool {
+	return !n.Found || n.Dead || n.Epoch != epoch
 }

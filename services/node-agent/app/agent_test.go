@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/node-agent/app"
@@ -151,6 +152,31 @@ func TestAWorkloadThatFinishesByItselfIsReportedCompleted(t *testing.T) {
 	stopped := await(t, e, topology.StreamRentals, "rental.acme.stopped", func(ev *shizuv1.RentalStopped) error { return nil })
 	if stopped.GetExitReason() != shizuv1.ExitReason_EXIT_REASON_COMPLETED || stopped.GetExitCode() != 0 || stopped.GetMessage() != "trained" {
 		t.Fatalf("stopped = %v", stopped)
+	}
+}
+
+// A tqdm progress bar is a run of █, three bytes each: a workload that
+// dies with one as its last line must still get a RentalStopped (cut at a
+// byte count, the line would be invalid UTF-8, which protobuf refuses to
+// encode, and the stop would never be reported).
+func TestAWorkloadWhoseLastLineIsAProgressBarIsReportedStopped(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(t, e.config(t, "n-bar", "rtx4090x8", t.TempDir()))
+	e.registered(t, "n-bar", 1)
+	script := `i=0; while [ $i -lt 600 ]; do printf '█'; i=$((i+1)); done; printf ' \n'; exit 3`
+	e.send(t, "n-bar", "start", e.place(t, "n-bar", 1, "r-bar", 1000, 0, "sh", "-c", script))
+	stopped := await(t, e, topology.StreamRentals, "rental.acme.stopped", func(ev *shizuv1.RentalStopped) error {
+		if ev.GetRentalId() != "r-bar" {
+			return errors.New("other rental")
+		}
+		return nil
+	})
+	if err := stopped.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if m := stopped.GetMessage(); stopped.GetExitCode() != 3 || m == "" || !utf8.ValidString(m) || strings.Trim(m, "█") != "" {
+		t.Fatalf("stopped = %v, want exit code 3 and whole bars", stopped)
 	}
 }
 
@@ -314,7 +340,7 @@ func TestAnOperatorDrainStopsNewWorkAndReportsTheNodeDrained(t *testing.T) {
 		t.Fatal("h200x8 runs with confidential computing on; the node must say it is TEE capable")
 	}
 	e.send(t, "n7", "drain", &shizuv1.DrainNode{
-		Meta:   &shizuv1.EventMeta{EventId: "cmd:drain:n7:1", OccurredAt: nowTS(), Source: "autoscaler"},
+		Meta:   shizuv1.NewMeta("cmd:drain:n7:1", "autoscaler", "", "", time.Now()),
 		NodeId: "n7", Epoch: 1, Deadline: nowTS(), Reason: "scale-in of pool web"})
 	drained := await(t, e, topology.StreamNodes, "node.n7.drained", func(ev *shizuv1.NodeDrained) error { return nil })
 	if drained.GetReason() != "scale-in of pool web" || drained.GetEpoch() != 1 {
@@ -407,7 +433,7 @@ func TestAnAgentStartedBeforeProvisioningWaitsForTheStreamsThenRegisters(t *test
 	t.Parallel()
 	e := newBareEnv(t)
 	cfg := e.config(t, "early", "rtx4090x8", t.TempDir())
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan error, 1)
 	go func() { done <- app.Run(ctx, cfg) }()
 	defer func() {

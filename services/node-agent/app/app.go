@@ -9,12 +9,14 @@ import (
 	"flag"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -240,26 +242,58 @@ func parseMicros(s string) (int64, error) {
 	return w*1_000_000 + f, nil
 }
 
-// openHost returns the GPU backend: the injected or named simulated fleet
-// (whose load then follows the workloads), else real NVML (which refuses to
-// start without a driver).
-func (c Config) openHost() (gpu.Host, simgpu.Profile, gpu.LoadModel, error) {
+// backend is the GPU backend the agent runs on, with what a simulated
+// profile says of the host.
+type backend struct {
+	host gpu.Host
+	load gpu.LoadModel // nil on real GPUs
+	// cpuMilli, memMiB and instanceType are the simulated profile's (zero
+	// on real GPUs: the host's own are used); simulated names the profile.
+	cpuMilli, memMiB        int64
+	instanceType, simulated string
+}
+
+// openBackend returns the GPU backend: the injected or named simulated
+// fleet (whose load then follows the workloads, and which with
+// SimulateNoticeLead turns SIGUSR1 into spot notices until the host is
+// closed), else real NVML (which refuses to start without a driver).
+func (c Config) openBackend(log *slog.Logger) (backend, error) {
 	fleet := c.Fleet
 	if fleet == nil && c.Simulate != "" {
 		h := fnv.New64a()
 		_, _ = h.Write([]byte(c.NodeID))
 		f, err := simgpu.New(c.Simulate, h.Sum64())
 		if err != nil {
-			return nil, simgpu.Profile{}, nil, err
+			return backend{}, err
 		}
 		fleet = f
 	}
-	if fleet != nil {
-		b, err := fleet.Host(nvmlgpu.WithClock(c.clock()))
-		return b, fleet.Profile, fleet, err
+	if fleet == nil {
+		h, err := nvmlgpu.New(nvml.New(), nvmlgpu.WithClock(c.clock()))
+		return backend{host: h}, err
 	}
-	b, err := nvmlgpu.New(nvml.New(), nvmlgpu.WithClock(c.clock()))
-	return b, simgpu.Profile{}, nil, err
+	h, err := fleet.Host(nvmlgpu.WithClock(c.clock()))
+	if err != nil {
+		return backend{}, err
+	}
+	p := fleet.Profile
+	b := backend{host: h, load: fleet, cpuMilli: p.CPUMilli, memMiB: p.MemoryMiB, instanceType: p.InstanceType, simulated: p.Name}
+	if c.SimulateNoticeLead > 0 {
+		stop := fleet.NoticeOnSignal(c.SimulateNoticeLead, c.clock(), log, syscall.SIGUSR1)
+		b.host = closedWith{Host: h, also: stop}
+	}
+	return b, nil
+}
+
+// closedWith is a Host whose Close also ends what came with it.
+type closedWith struct {
+	gpu.Host
+	also func()
+}
+
+func (h closedWith) Close() error {
+	h.also()
+	return h.Host.Close()
 }
 
 // stateDir is StateDir with its per-node default.
@@ -295,9 +329,9 @@ func hostResources() (cpuMilli, memMiB int64) {
 	return cpuMilli, 1024
 }
 
-// ClientName is the NATS connection name of the agent of node; failover
-// recognises it (services/failover/detect.AgentClientPrefix).
-func ClientName(node string) string { return "node-agent:" + node }
+// clientName is the NATS connection name of the agent of node; failover
+// recognises it (services/failover/detect.NodeFromClientName).
+func clientName(node string) string { return "node-agent:" + node }
 
 // Run runs the node agent until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
@@ -307,9 +341,9 @@ func Run(ctx context.Context, cfg Config) error {
 	// The connection name says which node this is, so failover can read a
 	// crashed agent's disconnect from the server's advisories at once
 	// instead of waiting for its heartbeat to expire.
-	cfg.Service.NATS.Name = ClientName(cfg.NodeID)
+	cfg.Service.NATS.Name = clientName(cfg.NodeID)
 	return service.Run(ctx, cfg.Service, func(ctx context.Context, rt *service.Runtime) ([]service.Part, error) {
-		a, err := Start(ctx, cfg, rt)
+		a, err := start(ctx, cfg, rt)
 		if err != nil {
 			return nil, err
 		}

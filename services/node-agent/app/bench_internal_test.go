@@ -65,7 +65,7 @@ func BenchmarkTelemetrySample(b *testing.B) {
 				for _, s := range samples {
 					book.Sample(s)
 				}
-				if _, err := proto.Marshal(telemetryEvent("gpu-node-17", "node-agent/gpu-node-17", 3, time.Now(), samples)); err != nil {
+				if _, err := proto.Marshal(agent.Events{NodeID: "gpu-node-17", Source: "node-agent/gpu-node-17"}.Telemetry(3, time.Now(), samples)); err != nil {
 					b.Fatal(err)
 				}
 			}

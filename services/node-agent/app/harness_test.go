@@ -54,7 +54,7 @@ func newBareEnv(t testing.TB) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = e.admin.Close(context.Background()) })
+	t.Cleanup(func() { _ = e.admin.Close(context.WithoutCancel(t.Context())) })
 	if e.store, err = capacity.New(e.redis.Client(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ type running struct {
 
 func (e *env) start(t testing.TB, cfg app.Config) *running {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	r := &running{cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- app.Run(ctx, cfg) }()
 	t.Cleanup(func() { r.stop(t) })
@@ -217,11 +217,11 @@ func (e *env) place(t testing.TB, node string, epoch int64, rental string, milli
 		t.Fatal(err)
 	}
 	g := st.GPUs[0]
-	now := timestamppb.Now()
+	now := time.Now()
 	return &shizuv1.StartRental{
-		Meta: &shizuv1.EventMeta{EventId: "cmd:start:" + rental + ":1", OccurredAt: now, Source: "scheduler", CorrelationId: rental},
+		Meta: shizuv1.NewMeta("cmd:start:"+rental+":1", "scheduler", "", rental, now),
 		Scheduled: &shizuv1.RentalScheduled{
-			Meta:     &shizuv1.EventMeta{EventId: "rental:" + rental + ":scheduled:1", OccurredAt: now, Source: "scheduler", CorrelationId: rental},
+			Meta:     shizuv1.NewMeta("rental:"+rental+":scheduled:1", "scheduler", "", rental, now),
 			RentalId: rental, TenantId: "acme", NodeId: node, NodeEpoch: epoch,
 			Gpus:     []*shizuv1.GpuAssignment{{GpuIndex: 0, GpuUuid: g.UUID, MilliGpu: milli, VramMib: vram}},
 			Spec:     &shizuv1.RentalSpec{GpuCount: 1, MilliGpu: milli, VramMib: vram, Plan: shizuv1.Plan_PLAN_ON_DEMAND, Command: command},
@@ -239,7 +239,7 @@ func (e *env) send(t testing.TB, node, verb string, cmd proto.Message) {
 
 func stopCmd(node, rental string, reason shizuv1.ExitReason, grace time.Duration) *shizuv1.StopRental {
 	return &shizuv1.StopRental{
-		Meta:     &shizuv1.EventMeta{EventId: "cmd:stop:" + rental + ":1", OccurredAt: timestamppb.Now(), Source: "scheduler", CorrelationId: rental},
+		Meta:     shizuv1.NewMeta("cmd:stop:"+rental+":1", "scheduler", "", rental, time.Now()),
 		RentalId: rental, TenantId: "acme", NodeId: node, Attempt: 1, Reason: reason, GracePeriod: durationpb.New(grace),
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
-	"github.com/shizu-gpu/shizu/services/node-agent/app"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -21,6 +20,9 @@ import (
 // agent whose connection comes back beats at once instead of at its next
 // interval (here a minute away).
 func TestAnAgentBeatsAtOnceWhenItsConnectionComesBack(t *testing.T) {
+	// The connection name failover reads a node id out of
+	// (services/failover/detect.NodeFromClientName).
+	const agentClient = "node-agent:n1"
 	t.Parallel()
 	e := newEnv(t)
 	cfg := e.config(t, "n1", "h100x8", t.TempDir())
@@ -45,7 +47,7 @@ func TestAnAgentBeatsAtOnceWhenItsConnectionComesBack(t *testing.T) {
 	}
 	kicked := false
 	for _, c := range conns.Conns {
-		if c.Name == app.ClientName("n1") {
+		if c.Name == agentClient {
 			if err := e.nats.Server.DisconnectClientByID(c.Cid); err != nil {
 				t.Fatal(err)
 			}
@@ -53,7 +55,7 @@ func TestAnAgentBeatsAtOnceWhenItsConnectionComesBack(t *testing.T) {
 		}
 	}
 	if !kicked {
-		t.Fatalf("no connection named %s", app.ClientName("n1"))
+		t.Fatalf("no connection named %s", agentClient)
 	}
 	testkit.Eventually(t, 20*time.Second, func() error {
 		en, err := kv.Get(t.Context(), "node.n1")

@@ -149,7 +149,8 @@ type Host interface {
 	// Watch sends health events to out until ctx ends.
 	Watch(ctx context.Context, out chan<- Event) error
 	// Notices delivers provider interruption notices; nil when the host has
-	// no notice source.
+	// no notice source (NVML on a real host has none; a simulated fleet's
+	// come from NoticeInterruption and NoticeOnSignal).
 	Notices() <-chan Notice
 	// Close releases the driver.
 	Close() error

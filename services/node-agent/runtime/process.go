@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"io"
 	"maps"
 	"os"
@@ -17,6 +16,11 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 )
 
 // Process runs workloads as local process groups. Each workload has a
@@ -377,7 +381,12 @@ func procStat(pid int) (uint64, string) {
 	return st, fields[0]
 }
 
-// lastLine returns the last non-empty line of a log (at most 256 bytes).
+// maxDetail is the most bytes of an exit's Detail.
+const maxDetail = 256
+
+// lastLine returns the last non-empty line of a log, cut to maxDetail
+// bytes on a rune boundary and valid UTF-8 (it goes into an event, which
+// must encode: a progress bar of █ cut at a byte count would not).
 func lastLine(path string) string {
 	f, err := os.Open(path)
 	if err != nil {
@@ -385,16 +394,20 @@ func lastLine(path string) string {
 	}
 	defer f.Close()
 	const tail = 1024
+	seeked := false
 	if fi, err := f.Stat(); err == nil && fi.Size() > tail {
-		_, _ = f.Seek(-tail, io.SeekEnd)
+		_, err = f.Seek(-tail, io.SeekEnd)
+		seeked = err == nil
 	}
 	b, _ := io.ReadAll(f)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	last := strings.TrimSpace(lines[len(lines)-1])
-	if len(last) > 256 {
-		last = last[:256]
+	if seeked {
+		// The tail may start inside a multi-byte rune.
+		for len(b) > 0 && !utf8.RuneStart(b[0]) {
+			b = b[1:]
+		}
 	}
-	return last
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return shizuv1.Truncate(strings.TrimSpace(lines[len(lines)-1]), maxDetail)
 }
 
 var _ Runtime = (*Process)(nil)

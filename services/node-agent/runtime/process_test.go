@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/shizu-gpu/shizu/services/node-agent/runtime"
 	"github.com/shizu-gpu/shizu/shared/testkit"
@@ -208,5 +209,22 @@ func TestBadSpecsAreRefused(t *testing.T) {
 	}
 	if got := p.List(); len(got) != 0 {
 		t.Fatalf("list = %+v", got)
+	}
+}
+
+// A tqdm progress bar is a long run of █ (three bytes each): the last line
+// of such a log must come back as whole runes, or the exit event that
+// carries it would not encode.
+func TestALastLineOfProgressBarIsCutOnARuneBoundary(t *testing.T) {
+	t.Parallel()
+	p := open(t, t.TempDir())
+	// 600 bars and a trailing space: the log's tail starts inside a rune.
+	script := `i=0; while [ $i -lt 600 ]; do printf '█'; i=$((i+1)); done; printf ' \n'; exit 1`
+	if _, err := p.Start(t.Context(), spec("r", "sh", "-c", script)); err != nil {
+		t.Fatal(err)
+	}
+	x := nextExit(t, p)
+	if !utf8.ValidString(x.Detail) || strings.Trim(x.Detail, "█") != "" || len(x.Detail) != 255 {
+		t.Fatalf("detail = %q (%d bytes), want 85 whole bars", x.Detail, len(x.Detail))
 	}
 }

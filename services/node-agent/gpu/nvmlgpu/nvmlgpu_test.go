@@ -3,16 +3,13 @@ package nvmlgpu_test
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	"github.com/shizu-gpu/shizu/services/node-agent/gpu"
 	"github.com/shizu-gpu/shizu/services/node-agent/gpu/nvmlgpu"
-	"github.com/shizu-gpu/shizu/services/node-agent/gpu/simgpu"
 )
 
 // TestRealDriverIsReadWhenPresent runs the backend over the real NVML
@@ -63,41 +60,5 @@ func TestMIGProfileNamesMatchNvidiaSmi(t *testing.T) {
 		if got := nvmlgpu.MIGProfileName(tc.gi, tc.ci, tc.mem); got != tc.want {
 			t.Errorf("MIGProfileName(%d, %d, %d) = %q, want %q", tc.gi, tc.ci, tc.mem, got, tc.want)
 		}
-	}
-}
-
-func TestFunctionsAnOlderDriverLacksAreNotCalled(t *testing.T) {
-	t.Parallel()
-	f, err := simgpu.New("h200x8", 1) // confidential computing on
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := f.Interface().(*server.Server)
-	srv.LookupSymbolFunc = func(symbol string) error {
-		if symbol == "nvmlSystemGetConfComputeState" || symbol == "nvmlDeviceGetNvLinkRemoteDeviceType" {
-			return fmt.Errorf("%s: undefined symbol", symbol)
-		}
-		return nil
-	}
-	srv.SystemGetConfComputeStateFunc = func() (nvml.ConfComputeSystemState, nvml.Return) {
-		t.Error("called a function the driver does not export")
-		return nvml.ConfComputeSystemState{}, nvml.ERROR_FUNCTION_NOT_FOUND
-	}
-	b, err := nvmlgpu.New(srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	inv, err := b.Discover(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if inv.TEE.Enabled || inv.TEE.Environment != "unavailable" {
-		t.Fatalf("TEE = %+v", inv.TEE)
-	}
-	// Without the remote device type, NVSwitch links are not known as such
-	// and the bus ids of the switches name no GPU: no domain is claimed.
-	if len(inv.NVLinkDomains) != 0 {
-		t.Fatalf("domains = %v", inv.NVLinkDomains)
 	}
 }

@@ -119,22 +119,10 @@ func (f *Fleet) uuid(prefix string) string {
 	return fmt.Sprintf("%s-%08x-%04x-%04x-%04x-%012x", prefix, a>>32, (a>>16)&0xffff, a&0xffff, b>>48, b&0xffffffffffff)
 }
 
-// Interface is the simulated NVML library.
-func (f *Fleet) Interface() nvml.Interface { return f.server }
-
 // Host returns the NVML backend over the simulated library, with the
 // fleet's interruption notices attached.
 func (f *Fleet) Host(opts ...nvmlgpu.Option) (*nvmlgpu.Backend, error) {
 	return nvmlgpu.New(f.server, append([]nvmlgpu.Option{nvmlgpu.WithNotices(f.notices)}, opts...)...)
-}
-
-// UUIDs returns the GPU UUIDs by index.
-func (f *Fleet) UUIDs() []string {
-	out := make([]string, len(f.gpus))
-	for i, g := range f.gpus {
-		out[i] = g.dev.UUID
-	}
-	return out
 }
 
 func (f *Fleet) confCompute() (nvml.ConfComputeSystemState, nvml.Return) {

@@ -131,15 +131,29 @@ func TestDiscoveryReportsEachProfileAsTheRealHardware(t *testing.T) {
 	}
 }
 
+// uuids are the GPU UUIDs by index of a fleet of profile and seed, as
+// discovery reports them.
+func uuids(t *testing.T, profile string, seed uint64) []string {
+	t.Helper()
+	_, h := open(t, profile, seed)
+	inv, err := h.Discover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, d := range inv.Devices {
+		out = append(out, d.UUID)
+	}
+	return out
+}
+
 func TestTheSameSeedSeesTheSameGPUs(t *testing.T) {
 	t.Parallel()
-	a, _ := simgpu.New("h100x8", 7)
-	b, _ := simgpu.New("h100x8", 7)
-	c, _ := simgpu.New("h100x8", 8)
-	if !slices.Equal(a.UUIDs(), b.UUIDs()) {
+	a, b, c := uuids(t, "h100x8", 7), uuids(t, "h100x8", 7), uuids(t, "h100x8", 8)
+	if !slices.Equal(a, b) {
 		t.Fatal("same seed, different UUIDs")
 	}
-	if slices.Equal(a.UUIDs(), c.UUIDs()) {
+	if slices.Equal(a, c) {
 		t.Fatal("different seeds, same UUIDs")
 	}
 }
@@ -155,8 +169,9 @@ func TestUnknownProfileNamesTheKnownOnes(t *testing.T) {
 func TestSamplesFollowTheWorkPlacedOnEachGPU(t *testing.T) {
 	t.Parallel()
 	f, h := open(t, "h100x8", 3)
-	f.AddLoad(f.UUIDs()[0], 1000)
-	f.AddLoad(f.UUIDs()[1], 500)
+	ids := uuids(t, "h100x8", 3) // the same seed sees the same GPUs
+	f.AddLoad(ids[0], 1000)
+	f.AddLoad(ids[1], 500)
 	f.AddLoad("GPU-unknown", 1000) // ignored
 	var samples []gpu.Sample
 	var err error
@@ -180,7 +195,7 @@ func TestSamplesFollowTheWorkPlacedOnEachGPU(t *testing.T) {
 	if full.NVLinkRxBytesPerSec <= 0 || full.PowerMW <= idle.PowerMW || full.VRAMUsedMiB <= idle.VRAMUsedMiB {
 		t.Errorf("a busy GPU looks idle: %+v vs %+v", full, idle)
 	}
-	f.AddLoad(f.UUIDs()[0], -1000)
+	f.AddLoad(ids[0], -1000)
 	for range 10 {
 		samples, _ = h.Sample(t.Context(), samples[:0])
 	}
