@@ -100,7 +100,9 @@ func rentals(n int, now time.Time) (subjects []string, evs []proto.Message, reco
 		s, _ := subject.Format(pattern, tenant)
 		subjects, evs = append(subjects, s), append(evs, ev)
 	}
-	meta := func(id string, at time.Time) *shizuv1.EventMeta { return shizuv1.NewMeta(id, benchkit.Source, "", "", at) }
+	meta := func(id string, at time.Time) *shizuv1.EventMeta {
+		return shizuv1.NewMeta(id, benchkit.Source, "", "", at)
+	}
 	for i := range n {
 		id, tenant, node := "b-"+strconv.Itoa(i), "t"+strconv.Itoa(i%3), "node-"+strconv.Itoa(i%64)
 		at := base.Add(time.Duration(i%15) * time.Second)
