@@ -195,8 +195,10 @@ func runBench(ctx context.Context, checks []benchCheck, size int, stderr io.Writ
 	return rep, nil
 }
 
-// runCheck runs one check on fresh servers (or none, for a pure one).
+// runCheck runs one check on fresh servers (or none, for a pure one); its
+// Seconds include starting them.
 func runCheck(ctx context.Context, c benchCheck, n int, step func(string, float64)) (benchkit.Result, error) {
+	start := time.Now()
 	env := &benchkit.Env{}
 	if c.servers {
 		var closeEnv func()
@@ -207,7 +209,9 @@ func runCheck(ctx context.Context, c benchCheck, n int, step func(string, float6
 		defer closeEnv()
 	}
 	env.Progress = step
-	return c.run(ctx, env, n)
+	res, err := c.run(ctx, env, n)
+	res.Seconds = time.Since(start).Seconds()
+	return res, err
 }
 
 func writeBenchTable(w io.Writer, rep benchReport) error {
