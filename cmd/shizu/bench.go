@@ -9,53 +9,20 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/redis/go-redis/v9"
-
-	"github.com/shizu-gpu/shizu/shared/bus"
-	"github.com/shizu-gpu/shizu/shared/embednats"
-	"github.com/shizu-gpu/shizu/shared/topology"
+	"github.com/shizu-gpu/shizu/shared/benchkit"
 )
 
-// benchResult is one check of `shizu bench`: what was measured, the
-// ceiling measured in the same run on the same servers, and the goal.
+// benchResult is one check of `shizu bench`: its name and the Result of
+// its benchmark's Run.
 type benchResult struct {
-	Check    string  `json:"check"`
-	Measured string  `json:"measured"` // what Value is
-	Value    float64 `json:"value"`
-	Unit     string  `json:"unit"`
-	// Ceiling is the most the machine gives the same path in this run
-	// (e.g. bare Redis reserves, bare JetStream consumes); Ratio is
-	// Value / Ceiling.
-	Ceiling     float64 `json:"ceiling"`
-	CeilingWhat string  `json:"ceiling_measured"`
-	Ratio       float64 `json:"ratio"`
-	// Goal is the target from the design; AtMost says lower is better.
-	Goal   float64 `json:"goal"`
-	AtMost bool    `json:"goal_is_upper_bound,omitempty"`
-	Pass   bool    `json:"pass"`
-	// Size is the amount of work (requests, events, samples, decisions).
-	Size    int                `json:"size"`
-	Seconds float64            `json:"seconds"`
-	Extra   map[string]float64 `json:"extra,omitempty"`
-}
-
-func (r *benchResult) finish() {
-	if r.Ceiling > 0 {
-		r.Ratio = r.Value / r.Ceiling
-	}
-	if r.AtMost {
-		r.Pass = r.Value < r.Goal
-	} else {
-		r.Pass = r.Value >= r.Goal
-	}
+	Check string `json:"check"`
+	benchkit.Result
 }
 
 // benchReport is what `shizu bench -o json` prints.
@@ -68,100 +35,37 @@ type benchReport struct {
 	NotHere    []string      `json:"not_here"`
 }
 
-// benchCheck runs one check at size n; step reports its progress (0..1).
-type benchCheck struct {
-	name        string
-	summary     string
-	defaultSize int
-	run         func(ctx context.Context, env benchEnvFactory, n int, step func(phase string, frac float64)) (benchResult, error)
+// failed says whether some check missed its goal.
+func (r benchReport) failed() bool {
+	return slices.ContainsFunc(r.Results, func(res benchResult) bool { return !res.Pass })
 }
-
-func benchChecks() []benchCheck {
-	return []benchCheck{
-		{"placement", "placement decisions/s of the pure package, 1,000 nodes x 8 GPUs, ~60% full", 20000, benchPlacement},
-		{"scheduler", "rental requests placed end to end (NATS in, Redis reserve, RentalScheduled out)", 5000, benchScheduler},
-		{"metering", "rental events metered exactly once (usage records published)", 5000, benchMetering},
-		{"autoscaler", "traffic sample -> ScalingDecided latency", 200, benchAutoscaler},
-	}
-}
-
-const benchNotHere = "failover re-placement after a node loss is a chaos scenario with node-agent processes: " +
-	"cd cmd/shizu && go test -run '^$' -bench ChaosSIGKILL -benchtime=1x ./e2e/"
 
 func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("shizu bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	checks := benchChecks()
-	var names []string
-	for _, c := range checks {
-		names = append(names, c.name)
-	}
-	only := fs.String("only", strings.Join(names, ","), "comma-separated checks to run: "+strings.Join(names, ", "))
-	size := fs.Int("n", 0, "size of each selected check: decisions, requests, rentals (3 events each) or samples; 0: each check's default")
-	out := fs.String("o", "table", "output: table or json")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, `Run Shizu's performance checks on this machine, through the real code
-paths: an embedded nats-server with JetStream and a redis-server child
-(as shizu dev starts them; never mocks). Each check prints its measured
-rate or latency next to a ceiling measured in the same run on the same
-servers, the ratio, and the design's goal with pass or fail.
+	return runBenchCommand(ctx, args, benchChecks(), stdout, stderr)
+}
 
-Checks:
-`)
-		for _, c := range checks {
-			fmt.Fprintf(stderr, "  %-11s %s (default -n %d)\n", c.name, c.summary, c.defaultSize)
-		}
-		fmt.Fprintf(stderr, `
-Not here: %s
+// benchOptions are the flags of `shizu bench`.
+type benchOptions struct {
+	run        []benchCheck
+	size       int
+	out        string
+	reportOnly bool
+}
 
-Without redis-server on PATH the embedded Redis (miniredis) is used and
-the numbers are not comparable with anything.
-
-Examples:
-  shizu bench
-  shizu bench -only scheduler,metering -n 20000
-  shizu bench -o json > bench.json
-
-Flags:
-`, benchNotHere)
-		fs.PrintDefaults()
+// runBenchCommand is `shizu bench` over checks: it prints the report and
+// exits 1 when a check misses its goal (0 with -report-only), 2 on bad
+// flags.
+func runBenchCommand(ctx context.Context, args []string, checks []benchCheck, stdout, stderr io.Writer) int {
+	o, code := parseBenchFlags(args, checks, stderr)
+	if code >= 0 {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "shizu bench: unexpected arguments %v\n", fs.Args())
-		return 2
-	}
-	if *out != "table" && *out != "json" {
-		fmt.Fprintf(stderr, "shizu bench: -o %q: want table or json\n", *out)
-		return 2
-	}
-	if *size < 0 {
-		fmt.Fprintf(stderr, "shizu bench: -n %d: want a positive size (or 0 for the defaults)\n", *size)
-		return 2
-	}
-	var run []benchCheck
-	for _, name := range strings.Split(*only, ",") {
-		name = strings.TrimSpace(name)
-		i := slices.IndexFunc(checks, func(c benchCheck) bool { return c.name == name })
-		if i < 0 {
-			fmt.Fprintf(stderr, "shizu bench: -only: unknown check %q; checks: %s\n", name, strings.Join(names, ", "))
-			return 2
-		}
-		if !slices.ContainsFunc(run, func(c benchCheck) bool { return c.name == name }) {
-			run = append(run, checks[i])
-		}
-	}
-	rep, err := runBench(ctx, run, *size, stderr)
+	rep, err := runBench(ctx, o.run, o.size, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "shizu bench: %v\n", err)
 		return 1
 	}
-	if *out == "json" {
+	if o.out == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		err = enc.Encode(rep)
@@ -172,7 +76,89 @@ Flags:
 		fmt.Fprintf(stderr, "shizu bench: %v\n", err)
 		return 1
 	}
+	if rep.failed() && !o.reportOnly {
+		fmt.Fprintln(stderr, "shizu bench: a check missed its goal (FAIL above); -report-only exits 0 whatever the verdicts")
+		return 1
+	}
 	return 0
+}
+
+// parseBenchFlags reads the flags; code is the exit status when the
+// command ends here (help, bad flags), -1 to go on.
+func parseBenchFlags(args []string, checks []benchCheck, stderr io.Writer) (o benchOptions, code int) {
+	fs := flag.NewFlagSet("shizu bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var names []string
+	for _, c := range checks {
+		names = append(names, c.name)
+	}
+	only := fs.String("only", strings.Join(names, ","), "comma-separated checks to run: "+strings.Join(names, ", "))
+	fs.IntVar(&o.size, "n", 0, "size of each selected check: decisions, requests, rentals (3 events each) or samples; 0: each check's default")
+	fs.StringVar(&o.out, "o", "table", "output: table or json")
+	fs.BoolVar(&o.reportOnly, "report-only", false, "exit 0 even when a check misses its goal (the report still says FAIL)")
+	fs.Usage = func() { benchUsage(fs, checks, stderr) }
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return o, 0
+		}
+		return o, 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "shizu bench: unexpected arguments %v\n", fs.Args())
+		return o, 2
+	case o.out != "table" && o.out != "json":
+		fmt.Fprintf(stderr, "shizu bench: -o %q: want table or json\n", o.out)
+		return o, 2
+	case o.size < 0:
+		fmt.Fprintf(stderr, "shizu bench: -n %d: want a positive size (or 0 for the defaults)\n", o.size)
+		return o, 2
+	}
+	for _, name := range strings.Split(*only, ",") {
+		name = strings.TrimSpace(name)
+		i := slices.IndexFunc(checks, func(c benchCheck) bool { return c.name == name })
+		if i < 0 {
+			fmt.Fprintf(stderr, "shizu bench: -only: unknown check %q; checks: %s\n", name, strings.Join(names, ", "))
+			return o, 2
+		}
+		if !slices.ContainsFunc(o.run, func(c benchCheck) bool { return c.name == name }) {
+			o.run = append(o.run, checks[i])
+		}
+	}
+	return o, -1
+}
+
+func benchUsage(fs *flag.FlagSet, checks []benchCheck, stderr io.Writer) {
+	fmt.Fprint(stderr, `Run Shizu's performance checks on this machine, through the real code
+paths: an embedded nats-server with JetStream and a redis-server child
+(as shizu dev starts them; never mocks). Each check is the same Run as its
+service's go test benchmark; it prints its measured rate or latency next
+to a ceiling measured in the same run on the same servers, the ratio, and
+the design's goal with pass or fail.
+
+Checks:
+`)
+	for _, c := range checks {
+		fmt.Fprintf(stderr, "  %-11s %s (default -n %d)\n", c.name, c.summary, c.defaultSize)
+	}
+	fmt.Fprintf(stderr, `
+Not here: %s
+
+Without redis-server on PATH the embedded Redis (miniredis) is used and
+the numbers are not comparable with anything.
+
+Exit status: 0 when every check met its goal, 1 when one missed it (after
+the whole report) or a check could not run, 2 for bad flags. -report-only
+exits 0 whatever the verdicts.
+
+Examples:
+  shizu bench
+  shizu bench -only scheduler,metering -n 20000
+  shizu bench -o json -report-only > bench.json
+
+Flags:
+`, benchNotHere)
+	fs.PrintDefaults()
 }
 
 func runBench(ctx context.Context, checks []benchCheck, size int, stderr io.Writer) (benchReport, error) {
@@ -187,7 +173,6 @@ func runBench(ctx context.Context, checks []benchCheck, size int, stderr io.Writ
 		rep.Comparable = false
 		fmt.Fprintln(stderr, "shizu bench: WARNING: redis-server is not on PATH; using the embedded miniredis, whose numbers are not comparable")
 	}
-	factory := benchEnvFactory{}
 	bar := newProgress(stderr, "bench", len(checks)*100, 2*time.Second)
 	defer bar.Finish()
 	for i, c := range checks {
@@ -200,16 +185,33 @@ func runBench(ctx context.Context, checks []benchCheck, size int, stderr io.Writ
 			bar.Update(i*100+int(min(max(frac, 0), 1)*100), fmt.Sprintf("check %d/%d %s: %s", i+1, len(checks), c.name, phase))
 		}
 		step("starting", 0)
-		res, err := c.run(ctx, factory, n, step)
+		res, err := runCheck(ctx, c, n, step)
 		if err != nil {
 			return rep, fmt.Errorf("%s: %w", c.name, err)
 		}
-		res.Check, res.Size = c.name, n
-		res.finish()
-		rep.Results = append(rep.Results, res)
+		rep.Results = append(rep.Results, benchResult{Check: c.name, Result: res})
 		bar.Update((i+1)*100, fmt.Sprintf("%s: %s %s", c.name, formatFloat(res.Value), res.Unit))
 	}
 	return rep, nil
+}
+
+// runCheck runs one check on fresh servers (or none, for a pure one); its
+// Seconds include starting them.
+func runCheck(ctx context.Context, c benchCheck, n int, step func(string, float64)) (benchkit.Result, error) {
+	start := time.Now()
+	env := &benchkit.Env{}
+	if c.servers {
+		var closeEnv func()
+		var err error
+		if env, closeEnv, err = startBenchEnv(ctx); err != nil {
+			return benchkit.Result{}, err
+		}
+		defer closeEnv()
+	}
+	env.Progress = step
+	res, err := c.run(ctx, env, n)
+	res.Seconds = time.Since(start).Seconds()
+	return res, err
 }
 
 func writeBenchTable(w io.Writer, rep benchReport) error {
@@ -263,95 +265,4 @@ func formatFloat(v float64) string {
 	default:
 		return fmt.Sprintf("%.3f", v)
 	}
-}
-
-// benchEnvFactory starts a fresh platform substrate for each check, so
-// one check's events never reach another's consumers.
-type benchEnvFactory struct{}
-
-// benchEnv is an embedded nats-server with JetStream, the platform's users
-// and streams, and a Redis: what `shizu dev` runs, without the services.
-type benchEnv struct {
-	stack     *devStack
-	natsURL   string
-	redisURL  string
-	passwords map[string]string
-	rdb       *redis.Client
-	admin     *bus.Conn
-}
-
-func (f benchEnvFactory) start(ctx context.Context) (*benchEnv, error) {
-	dir, err := os.MkdirTemp("", "shizu-bench-")
-	if err != nil {
-		return nil, err
-	}
-	e := &benchEnv{stack: &devStack{cleanupDir: dir}, passwords: map[string]string{}}
-	ok := false
-	defer func() {
-		if !ok {
-			e.close()
-		}
-	}()
-	for _, u := range topology.Users() {
-		e.passwords[u.Name] = randomPassword()
-	}
-	port, _ := pickPort(0, "")
-	e.stack.nats, err = embednats.Start(&server.Options{
-		ServerName: "shizu-bench", Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: filepath.Join(dir, "nats"),
-		NoSigs: true, NoLog: true,
-		Users: embednats.Users(topology.Users(), func(name string) string { return e.passwords[name] }),
-	}, 10*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	e.natsURL = e.stack.nats.ClientURL()
-	if err := provision(ctx, e.busConfig(topology.Admin), 1, 3*time.Second); err != nil {
-		return nil, fmt.Errorf("provision streams: %w", err)
-	}
-	var notes []string
-	if err := e.stack.startRedis(0, filepath.Join(dir, "redis"), false, &notes); err != nil {
-		return nil, err
-	}
-	e.redisURL = e.stack.redisURL
-	if err := pingRedis(ctx, e.redisURL); err != nil {
-		return nil, err
-	}
-	opts, err := redis.ParseURL(e.redisURL)
-	if err != nil {
-		return nil, err
-	}
-	opts.PoolSize = 64
-	e.rdb = redis.NewClient(opts)
-	if e.admin, err = bus.Connect(ctx, e.busConfig(topology.Admin), bus.Instruments{}); err != nil {
-		return nil, err
-	}
-	ok = true
-	return e, nil
-}
-
-func (e *benchEnv) busConfig(user string) bus.Config {
-	return bus.Config{URL: e.natsURL, Name: "shizu-bench-" + user, User: user, Password: e.passwords[user]}
-}
-
-func (e *benchEnv) connect(ctx context.Context, user string) (*bus.Conn, error) {
-	return bus.Connect(ctx, e.busConfig(user), bus.Instruments{})
-}
-
-func (e *benchEnv) close() {
-	if e.admin != nil {
-		_ = e.admin.Close(context.Background())
-	}
-	if e.rdb != nil {
-		_ = e.rdb.Close()
-	}
-	e.stack.close()
-}
-
-// percentile of sorted durations, in milliseconds.
-func percentileMS(sorted []time.Duration, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := min(len(sorted)-1, int(q*float64(len(sorted))))
-	return float64(sorted[i].Microseconds()) / 1000
 }

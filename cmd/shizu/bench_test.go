@@ -2,9 +2,13 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
+
+	"github.com/shizu-gpu/shizu/shared/benchkit"
 )
 
 // TestBenchPrintsEveryCheckWithItsCeilingAndGoal runs `shizu bench` at a
@@ -17,7 +21,7 @@ func TestBenchPrintsEveryCheckWithItsCeilingAndGoal(t *testing.T) {
 		t.Skip("starts NATS and Redis for each check")
 	}
 	var out, errOut bytes.Buffer
-	if code := run(t.Context(), []string{"bench", "-n", "40", "-o", "json"}, &out, &errOut); code != 0 {
+	if code := run(t.Context(), []string{"bench", "-n", "40", "-o", "json", "-report-only"}, &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 	var rep benchReport
@@ -53,7 +57,7 @@ func TestBenchPrintsEveryCheckWithItsCeilingAndGoal(t *testing.T) {
 
 	// The table names the same checks with their ratios.
 	out.Reset()
-	if code := run(t.Context(), []string{"bench", "-only", "placement", "-n", "40"}, &out, &errOut); code != 0 {
+	if code := run(t.Context(), []string{"bench", "-only", "placement", "-n", "40", "-report-only"}, &out, &errOut); code != 0 {
 		t.Fatalf("table: exit %d: %s", code, errOut.String())
 	}
 	if !strings.Contains(out.String(), "RATIO") || !strings.Contains(out.String(), "placement") || strings.Contains(out.String(), "scheduler ") {
@@ -72,5 +76,54 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		if code := run(t.Context(), args, &out, &errOut); code != 2 || out.Len() != 0 || strings.Count(strings.TrimSpace(errOut.String()), "\n") != 0 {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 2 and a one-line error", args, code, out.String(), errOut.String())
 		}
+	}
+}
+
+// fixedCheck is a check whose Run returns value against goal (or err),
+// without servers.
+func fixedCheck(name string, value, goal float64, err error) benchCheck {
+	return benchCheck{name: name, summary: "fixed", defaultSize: 1, run: func(context.Context, *benchkit.Env, int) (benchkit.Result, error) {
+		r := benchkit.Result{Measured: "fixed", Value: value, Unit: "things/s", Ceiling: 2 * value, CeilingWhat: "twice", Goal: goal, Size: 1}
+		r.Finish()
+		return r, err
+	}}
+}
+
+func TestBenchExitStatusFollowsTheGoals(t *testing.T) {
+	met, alsoMet := fixedCheck("met", 20, 10, nil), fixedCheck("also-met", 30, 10, nil)
+	missed, broken := fixedCheck("missed", 5, 10, nil), fixedCheck("broken", 0, 10, errors.New("no servers"))
+	for _, tc := range []struct {
+		name     string
+		checks   []benchCheck
+		args     []string
+		want     int
+		reported int // results on stdout
+	}{
+		{"every goal met exits 0", []benchCheck{met, alsoMet}, nil, 0, 2},
+		{"a missed goal exits 1 after the whole report", []benchCheck{missed, met}, nil, 1, 2},
+		{"-report-only exits 0 with a missed goal", []benchCheck{missed, met}, []string{"-report-only"}, 0, 2},
+		{"a check that cannot run exits 1 without a report", []benchCheck{met, broken}, []string{"-report-only"}, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var names []string
+			for _, c := range tc.checks {
+				names = append(names, c.name)
+			}
+			var out, errOut bytes.Buffer
+			args := append([]string{"-o", "json", "-only", strings.Join(names, ",")}, tc.args...)
+			if code := runBenchCommand(t.Context(), args, tc.checks, &out, &errOut); code != tc.want {
+				t.Fatalf("exit %d, want %d; stderr %s", code, tc.want, errOut.String())
+			}
+			if tc.reported == 0 {
+				if out.Len() != 0 {
+					t.Fatalf("stdout %q, want nothing", out.String())
+				}
+				return
+			}
+			var rep benchReport
+			if err := json.Unmarshal(out.Bytes(), &rep); err != nil || len(rep.Results) != tc.reported {
+				t.Fatalf("report %+v (%v), want %d results", rep, err, tc.reported)
+			}
+		})
 	}
 }

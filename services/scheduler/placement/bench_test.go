@@ -9,7 +9,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 )
 
-// benchShapes is a trace-like mix: fractions, whole GPUs, a few multi-GPU.
+// benchShapes is a trace-like mix (BenchmarkFragMeterUpdate's workload): fractions, whole GPUs, a few multi-GPU.
 var benchShapes = []struct {
 	gpus  int
 	milli int64
@@ -33,89 +33,6 @@ func benchRequest(rng *rand.Rand, i int) placement.Request {
 		k -= s.w
 	}
 	panic("unreachable")
-}
-
-// BenchmarkPlace makes placement decisions on a 1,000-node × 8-GPU cluster
-// kept about 60 % full (each placement is applied; the oldest are released
-// once 60 % is reached), per policy. decisions/s counts Place calls.
-func BenchmarkPlace(b *testing.B) {
-	for _, limit := range []int{0, 64} {
-		for _, pol := range placement.Policies {
-			b.Run(fmt.Sprintf("candidates=%s/policy=%s", candidates(limit), pol), func(b *testing.B) { benchPlace(b, pol, limit) })
-		}
-	}
-}
-
-func candidates(limit int) string {
-	if limit == 0 {
-		return "all"
-	}
-	return fmt.Sprint(limit)
-}
-
-func benchPlace(b *testing.B, pol placement.Policy, limit int) {
-	{
-		{
-			c := &placement.Cluster{}
-			for i := range 1000 {
-				c.Nodes = append(c.Nodes, node(fmt.Sprintf("node-%04d", i), 8))
-			}
-			index := map[string]int{}
-			for i := range c.Nodes {
-				index[c.Nodes[i].ID] = i
-			}
-			rng := rand.New(rand.NewPCG(1, 2))
-			var shapes []placement.TaskShape
-			for i := range 2000 {
-				r := benchRequest(rng, i)
-				shapes = append(shapes, placement.ShapeOf(&r))
-			}
-			w := placement.NewWorkload(shapes, placement.DefaultCoveragePct)
-			pl, err := placement.NewPlacer(placement.Options{Policy: pol, Workload: &w, MaxCandidates: limit})
-			if err != nil {
-				b.Fatal(err)
-			}
-			type held struct {
-				id   string
-				node int
-			}
-			var live []held
-			var used, capacity int64 = 0, 1000 * 8 * 1000
-			reqs := make([]placement.Request, 4096)
-			for i := range reqs {
-				reqs[i] = benchRequest(rng, i)
-			}
-			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				r := reqs[i%len(reqs)]
-				r.ID = fmt.Sprintf("r%d", i)
-				p, err := pl.Place(c, &r)
-				if err != nil {
-					continue
-				}
-				ni := index[p.NodeID]
-				c.Nodes[ni].Apply(&r, p, t0)
-				live = append(live, held{r.ID, ni})
-				for _, s := range p.GPUs {
-					used += s.Milli
-				}
-				for used*10 > capacity*6 && len(live) > 0 {
-					h := live[0]
-					live = live[1:]
-					n := &c.Nodes[h.node]
-					for _, a := range n.Allocations {
-						if a.RentalID == h.id {
-							for _, s := range a.GPUs {
-								used -= s.Milli
-							}
-						}
-					}
-					n.Remove(h.id)
-				}
-			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
-		}
-	}
 }
 
 // BenchmarkPlanPreemption plans room for an on-demand whole GPU on 1,000
