@@ -98,6 +98,8 @@ type stack struct {
 
 	agents map[string]*exec.Cmd
 	nodes  []string
+	// beat is each node's heartbeat interval (see startAgentBeating).
+	beat map[string]time.Duration
 
 	svcMu   sync.Mutex
 	svcErrs []error
@@ -120,7 +122,7 @@ func newStack(t testing.TB, cfg stackConfig) *stack {
 	if runtime.GOOS != "linux" {
 		t.Skip("reads the workloads' processes from /proc (Linux)")
 	}
-	s := &stack{t: t, dir: t.TempDir(), bin: buildAgent(t), agents: map[string]*exec.Cmd{}}
+	s := &stack{t: t, dir: t.TempDir(), bin: buildAgent(t), agents: map[string]*exec.Cmd{}, beat: map[string]time.Duration{}}
 	var err error
 	if s.logs, err = os.Create(filepath.Join(s.dir, "services.log")); err != nil {
 		t.Fatal(err)
@@ -278,6 +280,13 @@ func (s *stack) startAgents(n int) {
 	for i := range n {
 		s.startAgent(fmt.Sprintf("n%02d", i))
 	}
+	s.waitNodesReady()
+}
+
+// waitNodesReady waits until every node of the stack is registered and
+// ready.
+func (s *stack) waitNodesReady() {
+	s.t.Helper()
 	s.eventually(60*time.Second, func() error {
 		snap, err := s.store.Snapshot(s.t.Context())
 		if err != nil {
@@ -296,12 +305,33 @@ func (s *stack) startAgents(n int) {
 	})
 }
 
-func (s *stack) startAgent(node string) {
+// defaultBeat is the agents' default heartbeat interval.
+const defaultBeat = time.Second
+
+// beatInterval is how often node's agent beats.
+func (s *stack) beatInterval(node string) time.Duration {
+	if d, ok := s.beat[node]; ok {
+		return d
+	}
+	return defaultBeat
+}
+
+// startAgent starts node's agent with the default heartbeat.
+func (s *stack) startAgent(node string) { s.startAgentBeating(node, defaultBeat) }
+
+// startAgentBeating starts node's agent beating every beat (its key's TTL
+// twice that, when not the default).
+func (s *stack) startAgentBeating(node string, beat time.Duration) {
 	t := s.t
 	// SIGUSR1 plays the provider's spot interruption notice (see notice).
-	cmd := exec.Command(s.bin, "-simulate", "h100x8", "-node-id", node, "-state-dir", filepath.Join(s.dir, node),
+	args := []string{"-simulate", "h100x8", "-node-id", node, "-state-dir", filepath.Join(s.dir, node),
 		"-default-command", s.workloadScript(), "-telemetry-interval", "30s", "-http-addr=", "-stop-grace", "2s",
-		"-simulate-notice-lead", noticeLead.String())
+		"-simulate-notice-lead", noticeLead.String()}
+	if beat != defaultBeat {
+		args = append(args, "-heartbeat-interval", beat.String(), "-heartbeat-ttl", (2 * beat).String())
+	}
+	s.beat[node] = beat
+	cmd := exec.Command(s.bin, args...)
 	cmd.Env = append(os.Environ(), "SHIZU_NATS_URL="+s.nats.URL, "SHIZU_NATS_USER="+topology.NodeAgent,
 		"SHIZU_NATS_PASSWORD="+password(topology.NodeAgent), "SHIZU_REDIS_URL=redis://"+s.redis.Addr+"/0",
 		"SHIZU_LOG_LEVEL=warn", "SHIZU_LOG_FORMAT=text")
