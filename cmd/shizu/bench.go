@@ -9,18 +9,15 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/shizu-gpu/shizu/shared/bus"
-	"github.com/shizu-gpu/shizu/shared/embednats"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
@@ -281,41 +278,17 @@ type benchEnv struct {
 }
 
 func (f benchEnvFactory) start(ctx context.Context) (*benchEnv, error) {
-	dir, err := os.MkdirTemp("", "shizu-bench-")
+	stack, err := startDevStores(ctx)
 	if err != nil {
 		return nil, err
 	}
-	e := &benchEnv{stack: &devStack{cleanupDir: dir}, passwords: map[string]string{}}
+	e := &benchEnv{stack: stack, natsURL: stack.natsURL, redisURL: stack.redisURL, passwords: stack.passwords}
 	ok := false
 	defer func() {
 		if !ok {
 			e.close()
 		}
 	}()
-	for _, u := range topology.Users() {
-		e.passwords[u.Name] = randomPassword()
-	}
-	port, _ := pickPort(0, "")
-	e.stack.nats, err = embednats.Start(&server.Options{
-		ServerName: "shizu-bench", Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: filepath.Join(dir, "nats"),
-		NoSigs: true, NoLog: true,
-		Users: embednats.Users(topology.Users(), func(name string) string { return e.passwords[name] }),
-	}, 10*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	e.natsURL = e.stack.nats.ClientURL()
-	if err := provision(ctx, e.busConfig(topology.Admin), 1, 3*time.Second); err != nil {
-		return nil, fmt.Errorf("provision streams: %w", err)
-	}
-	var notes []string
-	if err := e.stack.startRedis(0, filepath.Join(dir, "redis"), false, &notes); err != nil {
-		return nil, err
-	}
-	e.redisURL = e.stack.redisURL
-	if err := pingRedis(ctx, e.redisURL); err != nil {
-		return nil, err
-	}
 	opts, err := redis.ParseURL(e.redisURL)
 	if err != nil {
 		return nil, err

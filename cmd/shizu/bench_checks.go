@@ -686,7 +686,7 @@ func benchAutoscaler(ctx context.Context, f benchEnvFactory, n int, step func(st
 		return benchResult{}, err
 	}
 	defer e.close()
-	policyPath := filepath.Join(e.stack.cleanupDir, "policy.json")
+	policyPath := filepath.Join(e.stack.dataDir, "policy.json")
 	if err := os.WriteFile(policyPath, []byte(benchAutoscalerPolicy), 0o644); err != nil {
 		return benchResult{}, err
 	}
@@ -745,7 +745,7 @@ func benchAutoscaler(ctx context.Context, f benchEnvFactory, n int, step func(st
 	sampleSubj, _ := subject.Format(subject.TrafficSample, "bench")
 	sample := func(i int, concurrent int64) error {
 		now := time.Now()
-		ev := &shizuv1.TrafficSampled{Meta: newMeta(fmt.Sprintf("bench:traffic:%d:%d", i, now.UnixNano()), "bench", now), PoolId: "bench",
+		ev := &shizuv1.TrafficSampled{Meta: shizuv1.NewMeta(fmt.Sprintf("bench:traffic:%d:%d", i, now.UnixNano()), cliSource, "", "bench", now), PoolId: "bench",
 			ConcurrentRequests: concurrent, RequestsPerSecond: float64(concurrent) * 10, Window: durationpb.New(10 * time.Second)}
 		ev.Meta.Source = "shizu-bench"
 		_, err := e.admin.Publish(ctx, sampleSubj, ev)
