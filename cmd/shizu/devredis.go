@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,30 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/shizu-gpu/shizu/shared/service"
 )
-
-// pickPort returns preferred when it is free on loopback, else a free port
-// and a note saying so. preferred 0 asks for any free port.
-func pickPort(preferred int, what string) (int, string) {
-	if preferred > 0 {
-		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(preferred))); err == nil {
-			_ = l.Close()
-			return preferred, ""
-		}
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return preferred, ""
-	}
-	defer l.Close()
-	port := l.Addr().(*net.TCPAddr).Port
-	if preferred == 0 {
-		return port, ""
-	}
-	return port, fmt.Sprintf("port %d is taken (another %s?); %s uses %d", preferred, what, what, port)
-}
 
 // devRedis is the Redis `shizu dev` started: a redis-server child, or
 // miniredis in process where none is installed.
@@ -124,33 +98,4 @@ func pingRedis(ctx context.Context, url string) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-// waitReady waits up to 60 s for the health endpoint at addr to report
-// ready; a failure on failed ends the wait.
-func waitReady(ctx context.Context, addr string, failed <-chan error) error {
-	deadline := time.NewTimer(60 * time.Second)
-	defer deadline.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if service.Healthcheck(ctx, addr) == nil {
-			return nil
-		}
-		select {
-		case err := <-failed:
-			return err
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-deadline.C:
-			return errors.New("not ready after 60s")
-		case <-tick.C:
-		}
-	}
-}
-
-func randomPassword() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

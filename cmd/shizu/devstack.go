@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,11 +19,13 @@ import (
 	"github.com/nats-io/nats.go"
 
 	autoscaler "github.com/shizu-gpu/shizu/services/autoscaler/app"
-	// TODO(issue-13): the autoscaler's Run takes a fleet provider (Deps)
-	// but not a way to build one from the policy file it reads itself; dev
-	// parses the file with policy.Parse only to learn whether its fleet
-	// section sells instance types (and which profile each is). It needs
-	// e.g. Deps.NewProvider func(policy.Fleet) (provider.Provider, error).
+	// TODO(issue-13): the autoscaler's RunWith takes a fleet provider
+	// (Deps.Provider) but builds nothing from the policy file it reads
+	// itself, so dev parses the file with policy.Parse only to learn
+	// whether its fleet section sells instance types (and each one's
+	// simulated profile) for the dev provider. Needed: e.g.
+	// Deps.NewProvider func(fleet.Config) (provider.Provider, error),
+	// called with the parsed file's fleet section.
 	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 	failover "github.com/shizu-gpu/shizu/services/failover/app"
 	metering "github.com/shizu-gpu/shizu/services/metering/app"
@@ -389,4 +393,54 @@ func (s *devStack) writeEnv(context.Context) error {
 	path := s.envPath
 	s.onStop(func() { _ = os.Remove(path) })
 	return nil
+}
+
+// pickPort returns preferred when it is free on loopback, else a free port
+// and a note saying so. preferred 0 asks for any free port.
+func pickPort(preferred int, what string) (int, string) {
+	if preferred > 0 {
+		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(preferred))); err == nil {
+			_ = l.Close()
+			return preferred, ""
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return preferred, ""
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	if preferred == 0 {
+		return port, ""
+	}
+	return port, fmt.Sprintf("port %d is taken (another %s?); %s uses %d", preferred, what, what, port)
+}
+
+// waitReady waits up to 60 s for the health endpoint at addr to report
+// ready; a failure on failed ends the wait.
+func waitReady(ctx context.Context, addr string, failed <-chan error) error {
+	deadline := time.NewTimer(60 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if service.Healthcheck(ctx, addr) == nil {
+			return nil
+		}
+		select {
+		case err := <-failed:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline.C:
+			return errors.New("not ready after 60s")
+		case <-tick.C:
+		}
+	}
+}
+
+func randomPassword() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

@@ -107,8 +107,6 @@ func ts(t *timestamppb.Timestamp) time.Time {
 	return t.AsTime().UTC()
 }
 
-func timestamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
-
 // rentals folds rental events into one view per rental, in order of first
 // appearance.
 func rentals(events []event) []*rentalView {

@@ -477,8 +477,11 @@ func runSIGKILL(t testing.TB, nodes, rentals, kill int) chaosResult {
 	s.eventually(60*time.Second, func() error {
 		for _, n := range victims {
 			st, err := s.store.Node(t.Context(), n)
-			if err != nil || st.Status != capacity.StatusReady {
-				return fmt.Errorf("%s not back (%v)", n, err)
+			if err != nil {
+				return fmt.Errorf("%s not back: %w", n, err)
+			}
+			if st.Status != capacity.StatusReady {
+				return fmt.Errorf("%s not back: %s", n, st.Status)
 			}
 		}
 		return nil
@@ -588,8 +591,11 @@ func runSIGSTOP(t testing.TB, nodes, rentals, frozen int) chaosResult {
 	s.eventually(30*time.Second, func() error {
 		for _, n := range victims {
 			st, err := s.store.Node(t.Context(), n)
-			if err != nil || st.Status != capacity.StatusReady {
-				return fmt.Errorf("%s not back (%v)", n, err)
+			if err != nil {
+				return fmt.Errorf("%s not back: %w", n, err)
+			}
+			if st.Status != capacity.StatusReady {
+				return fmt.Errorf("%s not back: %s", n, st.Status)
 			}
 		}
 		return nil
@@ -676,8 +682,11 @@ func TestASpotNoticeStartsEachReplacementBeforeTheOldRunStops(t *testing.T) {
 	// reclaimed node holds nothing, and each rental exactly one allocation.
 	s.eventually(30*time.Second, func() error {
 		allocs, err := s.store.Allocations(t.Context(), spot[0])
-		if err != nil || len(allocs) != 0 {
-			return fmt.Errorf("%s still holds %d allocations (%v)", spot[0], len(allocs), err)
+		if err != nil {
+			return fmt.Errorf("%s's allocations: %w", spot[0], err)
+		}
+		if len(allocs) != 0 {
+			return fmt.Errorf("%s still holds %d allocations", spot[0], len(allocs))
 		}
 		return nil
 	})

@@ -20,7 +20,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	failover "github.com/shizu-gpu/shizu/services/failover/app"
@@ -73,7 +72,7 @@ func buildAgent(t testing.TB) string {
 		cmd := exec.Command("go", "build", "-o", agentBin, "github.com/shizu-gpu/shizu/services/node-agent/cmd/node-agent")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			agentErr = fmt.Errorf("build node-agent (needs cgo and a C compiler): %v\n%s", err, out)
+			agentErr = fmt.Errorf("build node-agent (needs cgo and a C compiler): %w\n%s", err, out)
 		}
 	})
 	if agentErr != nil {
@@ -139,7 +138,7 @@ func newStack(t testing.TB, cfg stackConfig) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.admin.Close(context.Background()) })
+	t.Cleanup(func() { _ = s.admin.Close(context.WithoutCancel(t.Context())) })
 	// What `shizu provision` does.
 	if err := s.admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatal(err)
@@ -202,7 +201,9 @@ func keepLogs(s *stack) string {
 
 // runService runs one service's app.Run until the test ends.
 func (s *stack) runService(name string, run func(context.Context) error) {
-	ctx, cancel := context.WithCancel(context.Background())
+	// Not canceled with the test's context: services stop in the cleanup,
+	// after the agents (cleanups run last first).
+	ctx, cancel := context.WithCancel(context.WithoutCancel(s.t.Context()))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -246,7 +247,7 @@ func (s *stack) waitConsumers(services ...string) {
 			svc, _ := topology.ServiceNamed(name)
 			for _, c := range svc.Consumers {
 				if _, err := s.js.Consumer(s.t.Context(), c.Stream, c.Durable); err != nil {
-					return fmt.Errorf("%s's consumer %s/%s: %v", name, c.Stream, c.Durable, err)
+					return fmt.Errorf("%s's consumer %s/%s: %w", name, c.Stream, c.Durable, err)
 				}
 			}
 		}
@@ -390,7 +391,7 @@ func (s *stack) kill(nodes ...string) {
 func (s *stack) request(rental string, spec *shizuv1.RentalSpec) {
 	s.t.Helper()
 	ev := &shizuv1.RentalRequested{
-		Meta:     &shizuv1.EventMeta{EventId: "rental:" + rental + ":requested", OccurredAt: timestamppb.Now(), Source: "e2e", CorrelationId: rental},
+		Meta:     shizuv1.NewMeta("rental:"+rental+":requested", "e2e", "", rental, time.Now()),
 		RentalId: rental, TenantId: tenant, Spec: spec,
 	}
 	if err := ev.Validate(); err != nil {
@@ -454,8 +455,12 @@ func (s *stack) rentAll(n int) []string {
 	rdb := s.redis.Client(s.t)
 	s.eventually(30*time.Second, func() error {
 		for _, id := range ids {
-			if k, err := rdb.Exists(s.t.Context(), "shizu:failover:rental:"+id).Result(); err != nil || k == 0 {
-				return fmt.Errorf("failover has not indexed %s yet (%v)", id, err)
+			k, err := rdb.Exists(s.t.Context(), "shizu:failover:rental:"+id).Result()
+			if err != nil {
+				return fmt.Errorf("failover's index of %s: %w", id, err)
+			}
+			if k == 0 {
+				return fmt.Errorf("failover has not indexed %s yet", id)
 			}
 		}
 		return nil
