@@ -73,7 +73,7 @@ type devStack struct {
 	// more in-process node agents (set by configureFleet).
 	scaleDeps autoscaler.Deps
 	fleet     *fleetRunner
-	failed    chan error // a service or agent that ended with an error
+	failed    chan error // a service that ended with an error
 }
 
 // serviceUnit is one of the services that run once (the node agents run
