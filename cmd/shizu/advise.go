@@ -79,39 +79,9 @@ var adviseVerb = verb{
 			if err := w.Validate(); err != nil {
 				return usagef("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
 			}
-			var history []ledger.PricePoint
-			source := "list price (no spot prices known)"
-			if !*offline {
-				conn, _, err := cf.connect(ctx)
-				if err != nil {
-					return err
-				}
-				evs, err := readStream(ctx, conn, topology.StreamMarket, subject.SpotPriceChangedAll)
-				_ = conn.Close(context.WithoutCancel(ctx))
-				if err != nil {
-					return err
-				}
-				history = spotHistory(evs, *model, *zone, onDemand.Currency)
-				if len(history) > 0 {
-					source = fmt.Sprintf("%d spot price changes over the last %s", len(history), *lookback)
-				}
-			}
-			m := advisor.Market{Currency: onDemand.Currency, OnDemandMicros: onDemand.Micros}
-			if len(history) > 0 {
-				m.SpotByHourMicros = advisor.SpotByHour(history, onDemand.Micros, now.Add(-*lookback), now)
-			} else if *spot != "" {
-				micros, err := parseAmount(*spot)
-				if err != nil {
-					return usagef("-spot-price: %v", err)
-				}
-				for h := range m.SpotByHourMicros {
-					m.SpotByHourMicros[h] = micros
-				}
-				source = "assumed flat spot price " + money(micros, onDemand.Currency)
-			} else {
-				for h := range m.SpotByHourMicros {
-					m.SpotByHourMicros[h] = onDemand.Micros
-				}
+			m, source, err := adviceMarket(ctx, cf, onDemand, *model, *zone, *spot, *lookback, *offline, now)
+			if err != nil {
+				return err
 			}
 			adv, err := advisor.Advise(w, m)
 			if err != nil {
@@ -120,18 +90,65 @@ var adviseVerb = verb{
 			if cf.output == "json" {
 				return printJSON(stdout, map[string]any{"model": *model, "prices": source, "on_demand_micros": onDemand.Micros, "advice": adv})
 			}
-			fmt.Fprintf(stdout, "%s at %s per GPU-hour on demand; spot from %s\n\n", *model, money(onDemand.Micros, onDemand.Currency), source)
-			tw := table(stdout)
-			fmt.Fprintln(tw, "WHAT\tPLAN\tSTART (UTC)\tEND (UTC)\tGPUS\tCOST")
-			for _, b := range adv.Blocks {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", b.What, planName(b.Plan), b.Start.UTC().Format("Mon 15:04"), b.End.UTC().Format("Mon 15:04"), b.GPUs, money(b.Micros, adv.Currency))
-			}
-			if err := tw.Flush(); err != nil {
-				return err
-			}
-			fmt.Fprintf(stdout, "\nrecommended: %s\nall on demand, hourly billing: %s\nsaving: %s\n",
-				money(adv.TotalMicros, adv.Currency), money(adv.AllOnDemandMicros, adv.Currency), money(adv.SavingMicros, adv.Currency))
-			return nil
+			return printAdvice(stdout, *model, onDemand, source, adv)
 		}
 	},
+}
+
+// adviceMarket is the market the advice prices: the on-demand list price,
+// and spot by hour of day from the platform's spot price history over
+// lookback (not read when offline), else the flat -spot-price, else the
+// list price. source says which, for the report.
+func adviceMarket(ctx context.Context, cf clientFlags, onDemand pricing.Money, model, zone, spot string, lookback time.Duration,
+	offline bool, now time.Time) (advisor.Market, string, error) {
+	m := advisor.Market{Currency: onDemand.Currency, OnDemandMicros: onDemand.Micros}
+	var history []ledger.PricePoint
+	source := "list price (no spot prices known)"
+	if !offline {
+		conn, _, err := cf.connect(ctx)
+		if err != nil {
+			return m, "", err
+		}
+		evs, err := readStream(ctx, conn, topology.StreamMarket, subject.SpotPriceChangedAll)
+		_ = conn.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return m, "", err
+		}
+		history = spotHistory(evs, model, zone, onDemand.Currency)
+		if len(history) > 0 {
+			source = fmt.Sprintf("%d spot price changes over the last %s", len(history), lookback)
+		}
+	}
+	flat := onDemand.Micros
+	switch {
+	case len(history) > 0:
+		m.SpotByHourMicros = advisor.SpotByHour(history, onDemand.Micros, now.Add(-lookback), now)
+		return m, source, nil
+	case spot != "":
+		micros, err := parseAmount(spot)
+		if err != nil {
+			return m, "", usagef("-spot-price: %w", err)
+		}
+		flat, source = micros, "assumed flat spot price "+money(micros, onDemand.Currency)
+	}
+	for h := range m.SpotByHourMicros {
+		m.SpotByHourMicros[h] = flat
+	}
+	return m, source, nil
+}
+
+// printAdvice writes the advice as a table of blocks and the saving.
+func printAdvice(stdout io.Writer, model string, onDemand pricing.Money, source string, adv advisor.Advice) error {
+	fmt.Fprintf(stdout, "%s at %s per GPU-hour on demand; spot from %s\n\n", model, money(onDemand.Micros, onDemand.Currency), source)
+	tw := table(stdout)
+	fmt.Fprintln(tw, "WHAT\tPLAN\tSTART (UTC)\tEND (UTC)\tGPUS\tCOST")
+	for _, b := range adv.Blocks {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", b.What, planName(b.Plan), b.Start.UTC().Format("Mon 15:04"), b.End.UTC().Format("Mon 15:04"), b.GPUs, money(b.Micros, adv.Currency))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nrecommended: %s\nall on demand, hourly billing: %s\nsaving: %s\n",
+		money(adv.TotalMicros, adv.Currency), money(adv.AllOnDemandMicros, adv.Currency), money(adv.SavingMicros, adv.Currency))
+	return nil
 }

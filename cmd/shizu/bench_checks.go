@@ -52,10 +52,15 @@ func startBenchEnv(ctx context.Context) (env *benchkit.Env, close func(), err er
 	if err != nil {
 		return nil, nil, err
 	}
-	stack := &devStack{cleanupDir: dir}
+	stops := []func(){func() { _ = os.RemoveAll(dir) }}
+	stopAll := func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
 	defer func() {
 		if err != nil {
-			stack.close()
+			stopAll()
 		}
 	}()
 	passwords := map[string]string{}
@@ -64,19 +69,21 @@ func startBenchEnv(ctx context.Context) (env *benchkit.Env, close func(), err er
 	}
 	password := func(name string) string { return passwords[name] }
 	port, _ := pickPort(0, "")
-	stack.nats, err = embednats.Start(&server.Options{
+	ns, err := embednats.Start(&server.Options{
 		ServerName: "shizu-bench", Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: filepath.Join(dir, "nats"),
 		NoSigs: true, NoLog: true, Users: embednats.Users(topology.Users(), password),
 	}, 10*time.Second)
 	if err != nil {
 		return nil, nil, err
 	}
-	var notes []string
-	if err := stack.startRedis(0, filepath.Join(dir, "redis"), false, &notes); err != nil {
+	stops = append(stops, func() { ns.Shutdown(); ns.WaitForShutdown() })
+	r, err := startDevRedis(0, filepath.Join(dir, "redis"), false, nil)
+	if err != nil {
 		return nil, nil, err
 	}
-	env, err = benchkit.Open(ctx, benchkit.Servers{NATSURL: stack.nats.ClientURL(), Password: password,
-		RedisURL: stack.redisURL, Dir: filepath.Join(dir, "scratch")})
+	stops = append(stops, r.stop)
+	env, err = benchkit.Open(ctx, benchkit.Servers{NATSURL: ns.ClientURL(), Password: password,
+		RedisURL: r.url, Dir: filepath.Join(dir, "scratch")})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -84,5 +91,5 @@ func startBenchEnv(ctx context.Context) (env *benchkit.Env, close func(), err er
 		env.Close(ctx)
 		return nil, nil, fmt.Errorf("bench scratch folder: %w", err)
 	}
-	return env, func() { env.Close(ctx); stack.close() }, nil
+	return env, func() { env.Close(ctx); stopAll() }, nil
 }

@@ -19,7 +19,6 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
-	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -32,11 +31,14 @@ const (
 )
 
 // usageError is a command line mistake: exit 2.
-type usageError struct{ msg string }
+type usageError struct{ err error }
 
-func (e usageError) Error() string { return e.msg }
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
 
-func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+// usagef formats a command line mistake as fmt.Errorf does (%w keeps the
+// cause).
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
 // clientFlags are the connection flags every verb that talks to the
 // platform takes. Precedence: flag, then SHIZU_* environment, then the env
@@ -208,10 +210,8 @@ func decode(name string, data []byte) proto.Message {
 	return m
 }
 
-// newMeta is the envelope of an event the CLI publishes.
-func newMeta(id, correlation string, now time.Time) *shizuv1.EventMeta {
-	return &shizuv1.EventMeta{EventId: id, OccurredAt: timestamp(now), Source: "shizu-cli", CorrelationId: correlation}
-}
+// cliSource is the source of the events the CLI publishes.
+const cliSource = "shizu-cli"
 
 // printJSON writes v indented.
 func printJSON(w io.Writer, v any) error {

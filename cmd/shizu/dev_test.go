@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -62,7 +61,7 @@ func TestDevStartsThePlatformAndStopsOnInterrupt(t *testing.T) {
 	if _, err := c.JetStream().Stream(t.Context(), topology.StreamRentals); err != nil {
 		t.Fatalf("RENTALS stream: %v", err)
 	}
-	_ = c.Close(context.Background())
+	_ = c.Close(t.Context())
 
 	type rental struct {
 		ID       string `json:"rental_id"`

@@ -94,7 +94,7 @@ func readPoolFile(name string) ([]byte, error) {
 	}
 	data, err := os.ReadFile(name)
 	if err != nil {
-		return nil, usagef("-f: %v", err)
+		return nil, usagef("-f: %w", err)
 	}
 	return data, nil
 }
@@ -103,13 +103,13 @@ func readPoolFile(name string) ([]byte, error) {
 // scale.<pool>.declared.
 func publishPool(ctx context.Context, cf clientFlags, ev *shizuv1.PoolDeclared) error {
 	now := time.Now()
-	ev.Meta = newMeta("pool:"+ev.GetPoolId()+":declared:"+strconv.FormatInt(now.UnixNano(), 10), ev.GetPoolId(), now)
+	ev.Meta = shizuv1.NewMeta("pool:"+ev.GetPoolId()+":declared:"+strconv.FormatInt(now.UnixNano(), 10), cliSource, "", ev.GetPoolId(), now)
 	if err := ev.Validate(); err != nil {
-		return usagef("%v", err)
+		return usagef("%w", err)
 	}
 	subj, err := subject.Format(subject.ScalePoolDeclared, ev.GetPoolId())
 	if err != nil {
-		return usagef("pool id: %v", err)
+		return usagef("pool id: %w", err)
 	}
 	conn, _, err := cf.connect(ctx)
 	if err != nil {

@@ -39,7 +39,7 @@ func TestPoolsApplyDeclaresAPoolTheAutoscalerScales(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	t.Cleanup(func() { _ = admin.Close(context.WithoutCancel(t.Context())) })
 	if err := admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestPoolsApplyDeclaresAPoolTheAutoscalerScales(t *testing.T) {
 	cfg.Service.HTTPAddr, cfg.Service.LogFormat, cfg.Service.LogWriter = "", "text", t.Output()
 	cfg.Service.ShutdownTimeout = 5 * time.Second
 	cfg.Tick = 50 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context())) // stopped in the cleanup
 	done := make(chan error, 1)
 	go func() { done <- autoscaler.RunWith(ctx, cfg, autoscaler.Deps{Policy: &policy.File{}}) }()
 	t.Cleanup(func() {

@@ -15,23 +15,31 @@ import (
 	"github.com/shizu-gpu/shizu/services/scheduler/replay"
 )
 
-func replayCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("shizu replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	nodeFile := fs.String("nodes", "", "node CSV (default: "+replay.DefaultNodeFile+" in the trace folder)")
-	podFile := fs.String("pods", "", "pod CSV (default: "+replay.DefaultPodFile+" in the trace folder); a bare variant name such as gpushare40 means csv/openb_pod_list_<name>.csv")
-	traceDir := fs.String("trace-dir", "", "trace folder (default: shared/"+replay.TraceDirName+" found beside the repository, or $SHIZU_TRACE_DIR)")
-	policies := fs.String("policies", "shizu,fgd,bestfit,packing,clustering,dotprod,random", "comma-separated policies, side by side")
-	seeds := fs.Int("seeds", 10, "number of seeds")
-	firstSeed := fs.Int64("seed", 42, "first seed (the paper uses 42..51)")
-	mode := fs.String("mode", string(replay.ModeInflation), "inflation (the paper's protocol) or timeline (creation/deletion times, pending queue)")
-	tune := fs.Float64("tune", replay.DefaultTune, "inflation target as a multiple of GPU capacity")
-	stretch := fs.Float64("stretch", 1, "timeline mode: multiply every task's lifetime (raises the concurrent load)")
-	out := fs.String("o", "table", "output: table or json")
-	plot := fs.String("plot", "", "write an SVG plot of GPU allocation against arrived workload to this file")
-	workers := fs.Int("workers", 0, "runs at once (default: GOMAXPROCS)")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, `Replay the Alibaba GPU trace (FGD, ATC'23) through Shizu's placement
+// replayOptions are `shizu replay`'s flags.
+type replayOptions struct {
+	nodeFile, podFile, traceDir string
+	policies, mode, out, plot   string
+	seeds, workers              int
+	firstSeed                   int64
+	tune, stretch               float64
+}
+
+func (o *replayOptions) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.nodeFile, "nodes", "", "node CSV (default: "+replay.DefaultNodeFile+" in the trace folder)")
+	fs.StringVar(&o.podFile, "pods", "", "pod CSV (default: "+replay.DefaultPodFile+" in the trace folder); a bare variant name such as gpushare40 means csv/openb_pod_list_<name>.csv")
+	fs.StringVar(&o.traceDir, "trace-dir", "", "trace folder (default: shared/"+replay.TraceDirName+" found beside the repository, or $SHIZU_TRACE_DIR)")
+	fs.StringVar(&o.policies, "policies", "shizu,fgd,bestfit,packing,clustering,dotprod,random", "comma-separated policies, side by side")
+	fs.IntVar(&o.seeds, "seeds", 10, "number of seeds")
+	fs.Int64Var(&o.firstSeed, "seed", 42, "first seed (the paper uses 42..51)")
+	fs.StringVar(&o.mode, "mode", string(replay.ModeInflation), "inflation (the paper's protocol) or timeline (creation/deletion times, pending queue)")
+	fs.Float64Var(&o.tune, "tune", replay.DefaultTune, "inflation target as a multiple of GPU capacity")
+	fs.Float64Var(&o.stretch, "stretch", 1, "timeline mode: multiply every task's lifetime (raises the concurrent load)")
+	fs.StringVar(&o.out, "o", "table", "output: table or json")
+	fs.StringVar(&o.plot, "plot", "", "write an SVG plot of GPU allocation against arrived workload to this file")
+	fs.IntVar(&o.workers, "workers", 0, "runs at once (default: GOMAXPROCS)")
+}
+
+const replayUsage = `Replay the Alibaba GPU trace (FGD, ATC'23) through Shizu's placement
 policies and report GPU allocation, unallocated GPU and fragmentation by
 arrived workload, over seeds.
 
@@ -42,7 +50,15 @@ Examples:
   shizu replay -mode timeline -stretch 100 -seeds 1
 
 Flags:
-`)
+`
+
+func replayCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("shizu replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o replayOptions
+	o.register(fs)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, replayUsage)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -55,46 +71,60 @@ Flags:
 		fmt.Fprintf(stderr, "shizu replay: unexpected arguments %v\n", fs.Args())
 		return 2
 	}
-	m, err := replay.ParseMode(*mode)
+	m, pols, err := o.check()
 	if err != nil {
 		fmt.Fprintln(stderr, "shizu replay:", err)
 		return 2
 	}
-	if *out != "table" && *out != "json" {
-		fmt.Fprintf(stderr, "shizu replay: -o %q: want table or json\n", *out)
-		return 2
+	if err := runReplay(ctx, o, m, pols, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "shizu replay:", err)
+		return 1
 	}
-	if *seeds < 1 {
-		fmt.Fprintln(stderr, "shizu replay: -seeds must be at least 1")
-		return 2
+	return 0
+}
+
+// check reads the mode and the policies, and refuses what cannot run.
+func (o replayOptions) check() (replay.Mode, []placement.Policy, error) {
+	m, err := replay.ParseMode(o.mode)
+	if err != nil {
+		return m, nil, err
+	}
+	if o.out != "table" && o.out != "json" {
+		return m, nil, fmt.Errorf("-o %q: want table or json", o.out)
+	}
+	if o.seeds < 1 {
+		return m, nil, errors.New("-seeds must be at least 1")
 	}
 	var pols []placement.Policy
-	for _, name := range strings.Split(*policies, ",") {
+	for _, name := range strings.Split(o.policies, ",") {
 		p, err := placement.ParsePolicy(strings.TrimSpace(name))
 		if err != nil {
-			fmt.Fprintln(stderr, "shizu replay:", err)
-			return 2
+			return m, nil, err
 		}
 		pols = append(pols, p)
 	}
-	nodes, pods, err := tracePaths(*traceDir, *nodeFile, *podFile)
+	return m, pols, nil
+}
+
+// runReplay loads the trace, runs every policy and seed (progress on
+// stderr) and writes the report, and the plot with -plot.
+func runReplay(ctx context.Context, o replayOptions, m replay.Mode, pols []placement.Policy, stdout, stderr io.Writer) error {
+	nodes, pods, err := tracePaths(o.traceDir, o.nodeFile, o.podFile)
 	if err != nil {
-		fmt.Fprintln(stderr, "shizu replay:", err)
-		return 1
+		return err
 	}
 	tr, err := replay.Load(nodes, pods)
 	if err != nil {
-		fmt.Fprintln(stderr, "shizu replay:", err)
-		return 1
+		return err
 	}
 	fmt.Fprintf(stderr, "replay: %d nodes (%d GPUs), %d pods from %s; %d policies x %d seeds, mode %s\n",
-		len(tr.Nodes), tr.CapacityMilli()/placement.MilliPerGPU, len(tr.Pods), pods, len(pols), *seeds, m)
+		len(tr.Nodes), tr.CapacityMilli()/placement.MilliPerGPU, len(tr.Pods), pods, len(pols), o.seeds, m)
 	start := time.Now()
 	// A bar on a terminal, else a line per finished run; on stderr.
-	bar := newProgress(stderr, "replay", len(pols)**seeds, 0)
+	bar := newProgress(stderr, "replay", len(pols)*o.seeds, 0)
 	sums, _, err := replay.Execute(ctx, &tr, replay.Plan{
-		Policies: pols, Seeds: replay.Seeds(*firstSeed, *seeds), Workers: *workers,
-		Options: replay.Options{Mode: m, Tune: *tune, Stretch: *stretch},
+		Policies: pols, Seeds: replay.Seeds(o.firstSeed, o.seeds), Workers: o.workers,
+		Options: replay.Options{Mode: m, Tune: o.tune, Stretch: o.stretch},
 		Progress: func(done, total int, r replay.Result) {
 			msg := fmt.Sprintf("%s seed %d: %d tasks, %d failed", r.Policy, r.Seed, r.Tasks, r.Failed)
 			if lv, ok := r.At(100); ok {
@@ -105,34 +135,31 @@ Flags:
 	})
 	bar.Finish()
 	if err != nil {
-		fmt.Fprintln(stderr, "shizu replay:", err)
-		return 1
+		return err
 	}
 	wall := time.Since(start)
 	fmt.Fprintf(stderr, "replay: done in %.1fs\n", wall.Seconds())
-	if *plot != "" {
-		f, err := os.Create(*plot)
-		if err == nil {
-			err = replay.WriteSVG(f, fmt.Sprintf("%s, %s mode, %d seeds", filepath.Base(pods), m, *seeds), sums)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-		}
-		if err != nil {
-			fmt.Fprintln(stderr, "shizu replay: plot:", err)
-			return 1
+	if o.plot != "" {
+		if err := writePlot(o.plot, fmt.Sprintf("%s, %s mode, %d seeds", filepath.Base(pods), m, o.seeds), sums); err != nil {
+			return fmt.Errorf("plot: %w", err)
 		}
 	}
-	if *out == "json" {
-		err = replay.WriteJSON(stdout, replay.Report{Mode: string(m), NodeFile: nodes, PodFile: pods, WallSec: wall.Seconds(), Policies: sums})
-	} else {
-		err = replay.WriteTable(stdout, sums)
+	if o.out == "json" {
+		return replay.WriteJSON(stdout, replay.Report{Mode: string(m), NodeFile: nodes, PodFile: pods, WallSec: wall.Seconds(), Policies: sums})
 	}
+	return replay.WriteTable(stdout, sums)
+}
+
+func writePlot(path, title string, sums []replay.Summary) error {
+	f, err := os.Create(path)
 	if err != nil {
-		fmt.Fprintln(stderr, "shizu replay:", err)
-		return 1
+		return err
 	}
-	return 0
+	err = replay.WriteSVG(f, title, sums)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // tracePaths resolves the node and pod files: explicit paths win; the

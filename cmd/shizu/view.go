@@ -107,125 +107,146 @@ func ts(t *timestamppb.Timestamp) time.Time {
 	return t.AsTime().UTC()
 }
 
-func timestamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
-
 // rentals folds rental events into one view per rental, in order of first
 // appearance.
 func rentals(events []event) []*rentalView {
 	byID := map[string]*rentalView{}
 	var order []*rentalView
-	get := func(id, tenant string) *rentalView {
-		r := byID[id]
-		if r == nil {
-			r = &rentalView{ID: id, Tenant: tenant, State: stateRequested}
-			byID[id] = r
-			order = append(order, r)
-		}
-		return r
-	}
 	for _, e := range events {
-		at := ts(metaOf(e.Msg).GetOccurredAt())
-		switch m := e.Msg.(type) {
-		case *shizuv1.RentalRequested:
-			r := get(m.GetRentalId(), m.GetTenantId())
-			r.Plan, r.Shape, r.Since = planName(m.GetSpec().GetPlan()), shape(m.GetSpec()), at
-			r.add(at, "requested", r.Shape+", "+r.Plan)
-		case *shizuv1.RentalPending:
-			r := get(m.GetRentalId(), m.GetTenantId())
-			why := enumWord(m.GetReason().String(), "PENDING_REASON_")
-			if m.GetMessage() != "" {
-				why += ": " + m.GetMessage()
-			}
-			if r.State == stateRequested || r.State == statePending || r.State == stateMigrating {
-				r.setState(statePending, why, at)
-			}
-			r.add(at, "pending", why)
-		case *shizuv1.RentalRejected:
-			r := get(m.GetRentalId(), m.GetTenantId())
-			why := enumWord(m.GetReason().String(), "REJECT_REASON_")
-			if m.GetMessage() != "" {
-				why += ": " + m.GetMessage()
-			}
-			r.setState(stateRejected, why, at)
-			r.add(at, "rejected", why)
-		case *shizuv1.RentalScheduled:
-			r := get(m.GetRentalId(), m.GetTenantId())
-			if m.GetAttempt() < r.Attempt {
+		m, ok := e.Msg.(interface {
+			GetRentalId() string
+			GetTenantId() string
+		})
+		if !ok {
+			continue
+		}
+		r := byID[m.GetRentalId()]
+		if r == nil {
+			if !foldsRental(e.Msg) {
 				continue
 			}
-			r.Attempt, r.Node, r.Model = m.GetAttempt(), m.GetNodeId(), m.GetGpuModel()
-			r.GPUs = r.GPUs[:0]
-			for _, g := range m.GetGpus() {
-				r.GPUs = append(r.GPUs, g.GetGpuIndex())
-			}
-			if r.Plan == "" {
-				r.Plan, r.Shape = planName(m.GetSpec().GetPlan()), shape(m.GetSpec())
-			}
-			r.setState(stateScheduled, "", at)
-			r.add(at, "scheduled", fmt.Sprintf("on %s GPU %s (%s), attempt %d", m.GetNodeId(), joinInts(r.GPUs), m.GetGpuModel(), m.GetAttempt()))
-		case *shizuv1.RentalStarted:
-			r := get(m.GetRentalId(), m.GetTenantId())
-			r.Segments = append(r.Segments, segment{Attempt: m.GetAttempt(), Node: m.GetNodeId(), StartedAt: ts(m.GetStartedAt())})
-			if m.GetAttempt() == r.Attempt && r.State != stateStopped {
-				r.setState(stateRunning, "", at)
-			}
-			r.add(ts(m.GetStartedAt()), "started", fmt.Sprintf("on %s, attempt %d", m.GetNodeId(), m.GetAttempt()))
-		case *shizuv1.RentalCancelRequested:
-			r := get(m.GetRentalId(), m.GetTenantId())
-			if r.State != stateStopped && r.State != stateRejected {
-				r.setState(stateStopping, "cancel requested", at)
-			}
-			r.add(at, "cancel requested", "by "+m.GetRequestedBy())
-		case *shizuv1.RentalPreempted:
-			r := get(m.GetRentalId(), m.GetTenantId())
-			why := enumWord(m.GetReason().String(), "PREEMPT_REASON_")
-			if r.State != stateStopped {
-				r.setState(statePreempted, why, at)
-			}
-			r.add(at, "preempted", fmt.Sprintf("on %s: %s", m.GetNodeId(), why))
-		case *shizuv1.RentalMigrating:
-			r := get(m.GetRentalId(), m.GetTenantId())
-			why := enumWord(m.GetReason().String(), "MIGRATION_REASON_")
-			if r.State != stateStopped {
-				r.setState(stateMigrating, "from "+m.GetFromNodeId()+": "+why, at)
-			}
-			r.add(at, "migrating", fmt.Sprintf("from %s: %s", m.GetFromNodeId(), why))
-		case *shizuv1.RentalMigrated:
-			r := get(m.GetRentalId(), m.GetTenantId())
-			if r.State == stateMigrating || r.State == stateScheduled {
-				r.setState(stateRunning, "", at)
-			}
-			r.add(at, "migrated", fmt.Sprintf("%s -> %s, down %s", m.GetFromNodeId(), m.GetToNodeId(), m.GetDowntime().AsDuration().Round(time.Millisecond)))
-		case *shizuv1.RentalStopped:
-			r := get(m.GetRentalId(), m.GetTenantId())
-			reason := enumWord(m.GetExitReason().String(), "EXIT_REASON_")
-			stopped := ts(m.GetStoppedAt())
-			for i := range r.Segments {
-				if s := &r.Segments[i]; s.Attempt == m.GetAttempt() && s.StoppedAt == nil {
-					s.StoppedAt, s.Reason = &stopped, reason
-				}
-			}
-			detail := fmt.Sprintf("on %s, attempt %d: %s", m.GetNodeId(), m.GetAttempt(), reason)
-			if m.GetMessage() != "" {
-				detail += " (" + m.GetMessage() + ")"
-			}
-			r.add(stopped, "stopped", detail)
-			if m.GetAttempt() < r.Attempt || r.State == stateMigrating {
-				continue // an earlier placement ended; the rental lives on
-			}
-			why := reason
-			if m.GetMessage() != "" {
-				why += ": " + m.GetMessage()
-			}
-			switch m.GetExitReason() {
-			case shizuv1.ExitReason_EXIT_REASON_MIGRATED, shizuv1.ExitReason_EXIT_REASON_NODE_FAILED:
-				r.setState(stateMigrating, why, at)
-			default:
-				r.setState(stateStopped, why, at)
-			}
+			r = &rentalView{ID: m.GetRentalId(), Tenant: m.GetTenantId(), State: stateRequested}
+			byID[r.ID] = r
+			order = append(order, r)
 		}
+		r.apply(e.Msg, ts(metaOf(e.Msg).GetOccurredAt()))
 	}
 	return order
+}
+
+// foldsRental says whether m is a rental event the view folds.
+func foldsRental(m any) bool {
+	switch m.(type) {
+	case *shizuv1.RentalRequested, *shizuv1.RentalPending, *shizuv1.RentalRejected, *shizuv1.RentalScheduled,
+		*shizuv1.RentalStarted, *shizuv1.RentalCancelRequested, *shizuv1.RentalPreempted, *shizuv1.RentalMigrating,
+		*shizuv1.RentalMigrated, *shizuv1.RentalStopped:
+		return true
+	}
+	return false
+}
+
+// apply folds one event of the rental, which occurred at at.
+func (r *rentalView) apply(msg any, at time.Time) {
+	switch m := msg.(type) {
+	case *shizuv1.RentalRequested:
+		r.Plan, r.Shape, r.Since = planName(m.GetSpec().GetPlan()), shape(m.GetSpec()), at
+		r.add(at, "requested", r.Shape+", "+r.Plan)
+	case *shizuv1.RentalPending:
+		why := withMessage(enumWord(m.GetReason().String(), "PENDING_REASON_"), m.GetMessage())
+		if r.State == stateRequested || r.State == statePending || r.State == stateMigrating {
+			r.setState(statePending, why, at)
+		}
+		r.add(at, "pending", why)
+	case *shizuv1.RentalRejected:
+		why := withMessage(enumWord(m.GetReason().String(), "REJECT_REASON_"), m.GetMessage())
+		r.setState(stateRejected, why, at)
+		r.add(at, "rejected", why)
+	case *shizuv1.RentalScheduled:
+		r.scheduled(m, at)
+	case *shizuv1.RentalStarted:
+		r.Segments = append(r.Segments, segment{Attempt: m.GetAttempt(), Node: m.GetNodeId(), StartedAt: ts(m.GetStartedAt())})
+		if m.GetAttempt() == r.Attempt && r.State != stateStopped {
+			r.setState(stateRunning, "", at)
+		}
+		r.add(ts(m.GetStartedAt()), "started", fmt.Sprintf("on %s, attempt %d", m.GetNodeId(), m.GetAttempt()))
+	case *shizuv1.RentalCancelRequested:
+		if r.State != stateStopped && r.State != stateRejected {
+			r.setState(stateStopping, "cancel requested", at)
+		}
+		r.add(at, "cancel requested", "by "+m.GetRequestedBy())
+	case *shizuv1.RentalPreempted:
+		why := enumWord(m.GetReason().String(), "PREEMPT_REASON_")
+		if r.State != stateStopped {
+			r.setState(statePreempted, why, at)
+		}
+		r.add(at, "preempted", fmt.Sprintf("on %s: %s", m.GetNodeId(), why))
+	case *shizuv1.RentalMigrating:
+		why := enumWord(m.GetReason().String(), "MIGRATION_REASON_")
+		if r.State != stateStopped {
+			r.setState(stateMigrating, "from "+m.GetFromNodeId()+": "+why, at)
+		}
+		r.add(at, "migrating", fmt.Sprintf("from %s: %s", m.GetFromNodeId(), why))
+	case *shizuv1.RentalMigrated:
+		if r.State == stateMigrating || r.State == stateScheduled {
+			r.setState(stateRunning, "", at)
+		}
+		r.add(at, "migrated", fmt.Sprintf("%s -> %s, down %s", m.GetFromNodeId(), m.GetToNodeId(), m.GetDowntime().AsDuration().Round(time.Millisecond)))
+	case *shizuv1.RentalStopped:
+		r.stopped(m, at)
+	}
+}
+
+// withMessage appends ": msg" to why when msg is not empty.
+func withMessage(why, msg string) string {
+	if msg == "" {
+		return why
+	}
+	return why + ": " + msg
+}
+
+// scheduled folds a placement; one of an earlier attempt is stale.
+func (r *rentalView) scheduled(m *shizuv1.RentalScheduled, at time.Time) {
+	if m.GetAttempt() < r.Attempt {
+		return
+	}
+	r.Attempt, r.Node, r.Model = m.GetAttempt(), m.GetNodeId(), m.GetGpuModel()
+	r.GPUs = r.GPUs[:0]
+	for _, g := range m.GetGpus() {
+		r.GPUs = append(r.GPUs, g.GetGpuIndex())
+	}
+	if r.Plan == "" {
+		r.Plan, r.Shape = planName(m.GetSpec().GetPlan()), shape(m.GetSpec())
+	}
+	r.setState(stateScheduled, "", at)
+	r.add(at, "scheduled", fmt.Sprintf("on %s GPU %s (%s), attempt %d", m.GetNodeId(), joinInts(r.GPUs), m.GetGpuModel(), m.GetAttempt()))
+}
+
+// stopped folds the end of a run: it closes the attempt's segment, and
+// ends the rental unless an earlier placement ended or the run stopped to
+// move.
+func (r *rentalView) stopped(m *shizuv1.RentalStopped, at time.Time) {
+	reason := enumWord(m.GetExitReason().String(), "EXIT_REASON_")
+	stopped := ts(m.GetStoppedAt())
+	for i := range r.Segments {
+		if s := &r.Segments[i]; s.Attempt == m.GetAttempt() && s.StoppedAt == nil {
+			s.StoppedAt, s.Reason = &stopped, reason
+		}
+	}
+	detail := fmt.Sprintf("on %s, attempt %d: %s", m.GetNodeId(), m.GetAttempt(), reason)
+	if m.GetMessage() != "" {
+		detail += " (" + m.GetMessage() + ")"
+	}
+	r.add(stopped, "stopped", detail)
+	if m.GetAttempt() < r.Attempt || r.State == stateMigrating {
+		return // an earlier placement ended; the rental lives on
+	}
+	why := withMessage(reason, m.GetMessage())
+	switch m.GetExitReason() {
+	case shizuv1.ExitReason_EXIT_REASON_MIGRATED, shizuv1.ExitReason_EXIT_REASON_NODE_FAILED:
+		r.setState(stateMigrating, why, at)
+	default:
+		r.setState(stateStopped, why, at)
+	}
 }
 
 func (r *rentalView) setState(s, why string, at time.Time) {

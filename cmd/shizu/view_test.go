@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/capacity"
@@ -18,7 +19,7 @@ import (
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
 func meta(id string, at time.Time) *shizuv1.EventMeta {
-	return &shizuv1.EventMeta{EventId: id, OccurredAt: timestamp(at), Source: "test"}
+	return shizuv1.NewMeta(id, "test", "", "", at)
 }
 
 func evs(msgs ...proto.Message) []event {
@@ -127,11 +128,11 @@ func TestRentalTimelineThroughMigration(t *testing.T) {
 			GpuModel: "H100-SXM5-80GB", Gpus: []*shizuv1.GpuAssignment{{GpuIndex: 0}, {GpuIndex: 1}}}
 	}
 	started := func(node string, attempt int32, at time.Time) *shizuv1.RentalStarted {
-		return &shizuv1.RentalStarted{Meta: meta("st", at), RentalId: "r-1", TenantId: "acme", NodeId: node, Attempt: attempt, StartedAt: timestamp(at)}
+		return &shizuv1.RentalStarted{Meta: meta("st", at), RentalId: "r-1", TenantId: "acme", NodeId: node, Attempt: attempt, StartedAt: timestamppb.New(at)}
 	}
 	stopped := func(node string, attempt int32, at time.Time, why shizuv1.ExitReason) *shizuv1.RentalStopped {
 		return &shizuv1.RentalStopped{Meta: meta("sp", at), RentalId: "r-1", TenantId: "acme", NodeId: node, Attempt: attempt,
-			StartedAt: timestamp(t0), StoppedAt: timestamp(at), ExitReason: why}
+			StartedAt: timestamppb.New(t0), StoppedAt: timestamppb.New(at), ExitReason: why}
 	}
 	events := []proto.Message{
 		&shizuv1.RentalRequested{Meta: meta("q", t0), RentalId: "r-1", TenantId: "acme", Spec: spec},
@@ -201,7 +202,7 @@ func TestBillSumsRecordsOncePerID(t *testing.T) {
 	t.Parallel()
 	rec := func(id, rental, tenant string, secs, micros int64) *shizuv1.UsageRecorded {
 		return &shizuv1.UsageRecorded{Meta: meta(id, t0), RentalId: rental, TenantId: tenant, Plan: shizuv1.Plan_PLAN_ON_DEMAND, Model: "H100-SXM5-80GB",
-			IntervalStart: timestamp(t0), IntervalEnd: timestamp(t0.Add(time.Duration(secs) * time.Second)), Seconds: secs,
+			IntervalStart: timestamppb.New(t0), IntervalEnd: timestamppb.New(t0.Add(time.Duration(secs) * time.Second)), Seconds: secs,
 			Amount: &shizuv1.Money{Micros: micros, Currency: "USD"}}
 	}
 	v := bill("acme", evs(
@@ -210,7 +211,7 @@ func TestBillSumsRecordsOncePerID(t *testing.T) {
 		rec("u2", "r-1", "acme", 30, 20_750), // a redelivered record counts once
 		rec("u3", "r-2", "acme", 10, 6_917),
 		rec("u4", "r-3", "other", 10, 999),
-		&shizuv1.InvoiceClosed{Meta: meta("i", t0), InvoiceId: "inv-1", TenantId: "acme", PeriodStart: timestamp(t0), PeriodEnd: timestamp(t0.Add(24 * time.Hour)),
+		&shizuv1.InvoiceClosed{Meta: meta("i", t0), InvoiceId: "inv-1", TenantId: "acme", PeriodStart: timestamppb.New(t0), PeriodEnd: timestamppb.New(t0.Add(24 * time.Hour)),
 			Total: &shizuv1.Money{Micros: 69_167, Currency: "USD"}},
 	))
 	if v.Total != 69_167 || len(v.Charges) != 2 || v.Charges[0].Seconds != 90 || v.Charges[0].Records != 2 || len(v.Invoices) != 1 {

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	autoscaler "github.com/shizu-gpu/shizu/services/autoscaler/app"
@@ -73,7 +72,7 @@ func (s *stack) runAutoscaler(file policy.File) *provider.Local {
 		s.t.Fatal(err)
 	}
 	// Registered before the service, so it runs after the service stopped.
-	s.t.Cleanup(func() { _ = local.Close(context.Background()) })
+	s.t.Cleanup(func() { _ = local.Close(context.WithoutCancel(s.t.Context())) })
 	cfg := autoscaler.DefaultConfig()
 	cfg.Service.NATS.URL, cfg.Service.NATS.User, cfg.Service.NATS.Password = s.nats.URL, topology.Autoscaler, password(topology.Autoscaler)
 	cfg.Service.NATS.Name = topology.Autoscaler
@@ -148,7 +147,7 @@ func (l *scaleLog) read(fn func(*scaleLog)) {
 func (s *stack) sampleTraffic(seq int, concurrent int64) {
 	s.t.Helper()
 	ev := &shizuv1.TrafficSampled{
-		Meta:   &shizuv1.EventMeta{EventId: fmt.Sprintf("e2e-web-sample-%d", seq), OccurredAt: timestamppb.Now(), Source: "e2e-gateway"},
+		Meta:   shizuv1.NewMeta(fmt.Sprintf("e2e-web-sample-%d", seq), "e2e-gateway", "", "", time.Now()),
 		PoolId: "web", ConcurrentRequests: concurrent, RequestsPerSecond: float64(concurrent) * 10,
 		P99Latency: durationpb.New(40 * time.Millisecond), Window: durationpb.New(5 * time.Second),
 	}

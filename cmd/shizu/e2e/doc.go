@@ -14,9 +14,10 @@
 //
 //	cd cmd/shizu && go test -run '^$' -bench ChaosSIGKILL -benchtime=1x ./e2e/
 //
-// The spot
-// interruption case (make-before-break) is not here: a child agent's
-// simulated host has no way to be sent a notice from outside.
+// A spot interruption notice (make-before-break) is sent to a child agent
+// with SIGUSR1 (its -simulate-notice-lead). A rental whose node dies
+// before its next beat is built with an agent that beats every two
+// minutes (startAgentBeating), so the case is checked on every run.
 //
 // The package has only tests; it needs cgo and a C compiler (the node agent
 // links go-nvml) and redis-server on PATH.

@@ -20,7 +20,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	failover "github.com/shizu-gpu/shizu/services/failover/app"
@@ -73,7 +72,7 @@ func buildAgent(t testing.TB) string {
 		cmd := exec.Command("go", "build", "-o", agentBin, "github.com/shizu-gpu/shizu/services/node-agent/cmd/node-agent")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			agentErr = fmt.Errorf("build node-agent (needs cgo and a C compiler): %v\n%s", err, out)
+			agentErr = fmt.Errorf("build node-agent (needs cgo and a C compiler): %w\n%s", err, out)
 		}
 	})
 	if agentErr != nil {
@@ -98,6 +97,8 @@ type stack struct {
 
 	agents map[string]*exec.Cmd
 	nodes  []string
+	// beat is each node's heartbeat interval (see startAgentBeating).
+	beat map[string]time.Duration
 
 	svcMu   sync.Mutex
 	svcErrs []error
@@ -120,7 +121,7 @@ func newStack(t testing.TB, cfg stackConfig) *stack {
 	if runtime.GOOS != "linux" {
 		t.Skip("reads the workloads' processes from /proc (Linux)")
 	}
-	s := &stack{t: t, dir: t.TempDir(), bin: buildAgent(t), agents: map[string]*exec.Cmd{}}
+	s := &stack{t: t, dir: t.TempDir(), bin: buildAgent(t), agents: map[string]*exec.Cmd{}, beat: map[string]time.Duration{}}
 	var err error
 	if s.logs, err = os.Create(filepath.Join(s.dir, "services.log")); err != nil {
 		t.Fatal(err)
@@ -137,7 +138,7 @@ func newStack(t testing.TB, cfg stackConfig) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.admin.Close(context.Background()) })
+	t.Cleanup(func() { _ = s.admin.Close(context.WithoutCancel(t.Context())) })
 	// What `shizu provision` does.
 	if err := s.admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatal(err)
@@ -200,7 +201,9 @@ func keepLogs(s *stack) string {
 
 // runService runs one service's app.Run until the test ends.
 func (s *stack) runService(name string, run func(context.Context) error) {
-	ctx, cancel := context.WithCancel(context.Background())
+	// Not canceled with the test's context: services stop in the cleanup,
+	// after the agents (cleanups run last first).
+	ctx, cancel := context.WithCancel(context.WithoutCancel(s.t.Context()))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -244,7 +247,7 @@ func (s *stack) waitConsumers(services ...string) {
 			svc, _ := topology.ServiceNamed(name)
 			for _, c := range svc.Consumers {
 				if _, err := s.js.Consumer(s.t.Context(), c.Stream, c.Durable); err != nil {
-					return fmt.Errorf("%s's consumer %s/%s: %v", name, c.Stream, c.Durable, err)
+					return fmt.Errorf("%s's consumer %s/%s: %w", name, c.Stream, c.Durable, err)
 				}
 			}
 		}
@@ -278,6 +281,13 @@ func (s *stack) startAgents(n int) {
 	for i := range n {
 		s.startAgent(fmt.Sprintf("n%02d", i))
 	}
+	s.waitNodesReady()
+}
+
+// waitNodesReady waits until every node of the stack is registered and
+// ready.
+func (s *stack) waitNodesReady() {
+	s.t.Helper()
 	s.eventually(60*time.Second, func() error {
 		snap, err := s.store.Snapshot(s.t.Context())
 		if err != nil {
@@ -296,12 +306,33 @@ func (s *stack) startAgents(n int) {
 	})
 }
 
-func (s *stack) startAgent(node string) {
+// defaultBeat is the agents' default heartbeat interval.
+const defaultBeat = time.Second
+
+// beatInterval is how often node's agent beats.
+func (s *stack) beatInterval(node string) time.Duration {
+	if d, ok := s.beat[node]; ok {
+		return d
+	}
+	return defaultBeat
+}
+
+// startAgent starts node's agent with the default heartbeat.
+func (s *stack) startAgent(node string) { s.startAgentBeating(node, defaultBeat) }
+
+// startAgentBeating starts node's agent beating every beat (its key's TTL
+// twice that, when not the default).
+func (s *stack) startAgentBeating(node string, beat time.Duration) {
 	t := s.t
 	// SIGUSR1 plays the provider's spot interruption notice (see notice).
-	cmd := exec.Command(s.bin, "-simulate", "h100x8", "-node-id", node, "-state-dir", filepath.Join(s.dir, node),
+	args := []string{"-simulate", "h100x8", "-node-id", node, "-state-dir", filepath.Join(s.dir, node),
 		"-default-command", s.workloadScript(), "-telemetry-interval", "30s", "-http-addr=", "-stop-grace", "2s",
-		"-simulate-notice-lead", noticeLead.String())
+		"-simulate-notice-lead", noticeLead.String()}
+	if beat != defaultBeat {
+		args = append(args, "-heartbeat-interval", beat.String(), "-heartbeat-ttl", (2 * beat).String())
+	}
+	s.beat[node] = beat
+	cmd := exec.Command(s.bin, args...)
 	cmd.Env = append(os.Environ(), "SHIZU_NATS_URL="+s.nats.URL, "SHIZU_NATS_USER="+topology.NodeAgent,
 		"SHIZU_NATS_PASSWORD="+password(topology.NodeAgent), "SHIZU_REDIS_URL=redis://"+s.redis.Addr+"/0",
 		"SHIZU_LOG_LEVEL=warn", "SHIZU_LOG_FORMAT=text")
@@ -360,7 +391,7 @@ func (s *stack) kill(nodes ...string) {
 func (s *stack) request(rental string, spec *shizuv1.RentalSpec) {
 	s.t.Helper()
 	ev := &shizuv1.RentalRequested{
-		Meta:     &shizuv1.EventMeta{EventId: "rental:" + rental + ":requested", OccurredAt: timestamppb.Now(), Source: "e2e", CorrelationId: rental},
+		Meta:     shizuv1.NewMeta("rental:"+rental+":requested", "e2e", "", rental, time.Now()),
 		RentalId: rental, TenantId: tenant, Spec: spec,
 	}
 	if err := ev.Validate(); err != nil {
@@ -424,8 +455,12 @@ func (s *stack) rentAll(n int) []string {
 	rdb := s.redis.Client(s.t)
 	s.eventually(30*time.Second, func() error {
 		for _, id := range ids {
-			if k, err := rdb.Exists(s.t.Context(), "shizu:failover:rental:"+id).Result(); err != nil || k == 0 {
-				return fmt.Errorf("failover has not indexed %s yet (%v)", id, err)
+			k, err := rdb.Exists(s.t.Context(), "shizu:failover:rental:"+id).Result()
+			if err != nil {
+				return fmt.Errorf("failover's index of %s: %w", id, err)
+			}
+			if k == 0 {
+				return fmt.Errorf("failover has not indexed %s yet", id)
 			}
 		}
 		return nil

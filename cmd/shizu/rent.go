@@ -1,0 +1,417 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/gpumodel"
+	"github.com/shizu-gpu/shizu/shared/subject"
+	"github.com/shizu-gpu/shizu/shared/topology"
+)
+
+// pendingGrace is how long `shizu rent` keeps waiting after a rental went
+// pending before it reports so.
+const pendingGrace = 3 * time.Second
+
+// rentOptions are `shizu rent`'s flags, turned into a spec by spec().
+type rentOptions struct {
+	gpus      int
+	fraction  string
+	vram      string
+	models    string
+	nvlink    bool
+	mig       string
+	tee       bool
+	zone      string
+	plan      string
+	maxPrice  string
+	currency  string
+	priority  int
+	image     string
+	ckpt      string
+	labels    labelFlag
+	cpuMilli  int64
+	memoryMiB int64
+}
+
+type labelFlag map[string]string
+
+func (l labelFlag) String() string { return "" }
+func (l labelFlag) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("%q is not key=value", v)
+	}
+	l[k] = val
+	return nil
+}
+
+// parseFraction reads a GPU share as a decimal ("0.25", "1") or milli-GPU
+// ("250m").
+func parseFraction(s string) (int32, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 1000, nil
+	}
+	bad := usagef("-fraction %q: want a share of one GPU, 0.001..1 (\"0.25\") or milli-GPU 1..1000 (\"250m\")", s)
+	var milli int
+	switch whole, frac, dot := strings.Cut(s, "."); {
+	case strings.HasSuffix(s, "m"):
+		n, err := strconv.Atoi(strings.TrimSuffix(s, "m"))
+		if err != nil {
+			return 0, bad
+		}
+		milli = n
+	case dot:
+		if whole == "" {
+			whole = "0"
+		}
+		if len(frac) == 0 || len(frac) > 3 || strings.HasPrefix(s, "-") {
+			return 0, usagef("-fraction %q: at most three decimals (a milli-GPU)", s)
+		}
+		w, err1 := strconv.Atoi(whole)
+		f, err2 := strconv.Atoi(frac + strings.Repeat("0", 3-len(frac)))
+		if err1 != nil || err2 != nil || f < 0 {
+			return 0, bad
+		}
+		milli = w*1000 + f
+	case s == "1":
+		milli = 1000
+	default:
+		return 0, usagef("-fraction %q: a share of one GPU is 0.001..1 (\"0.25\"); write milli-GPU with an m (\"250m\")", s)
+	}
+	if milli < 1 || milli > 1000 {
+		return 0, bad
+	}
+	return int32(milli), nil
+}
+
+// parseMiB reads a memory size: "20480" (MiB), "20GiB", "20G", "512MiB".
+func parseMiB(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, nil
+	}
+	mult := int64(1)
+	lower := strings.ToLower(s)
+	for _, suf := range []struct {
+		s string
+		m int64
+	}{{"gib", 1024}, {"gb", 1024}, {"g", 1024}, {"mib", 1}, {"mb", 1}, {"m", 1}} {
+		if strings.HasSuffix(lower, suf.s) {
+			lower, mult = strings.TrimSuffix(lower, suf.s), suf.m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(lower, 10, 64)
+	if err != nil || n < 0 {
+		return 0, usagef("-vram %q: want MiB (\"20480\") or a size (\"20GiB\")", s)
+	}
+	return n * mult, nil
+}
+
+// parseAmount reads a decimal amount as micros: "2.49" -> 2490000.
+func parseAmount(s string) (int64, error) {
+	whole, frac, _ := strings.Cut(strings.TrimSpace(s), ".")
+	if whole == "" || len(frac) > 6 {
+		return 0, fmt.Errorf("%q is not an amount with at most 6 decimals", s)
+	}
+	w, err := strconv.ParseInt(whole, 10, 64)
+	if err != nil || w < 0 || w > 1<<40 {
+		return 0, fmt.Errorf("%q is not a non-negative amount", s)
+	}
+	var f int64
+	if frac != "" {
+		if f, err = strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64); err != nil || f < 0 {
+			return 0, fmt.Errorf("%q is not a non-negative amount", s)
+		}
+	}
+	return w*1_000_000 + f, nil
+}
+
+func parsePlan(s string) (shizuv1.Plan, error) {
+	switch strings.ToLower(s) {
+	case "on-demand", "ondemand", "on_demand":
+		return shizuv1.Plan_PLAN_ON_DEMAND, nil
+	case "reserved":
+		return shizuv1.Plan_PLAN_RESERVED, nil
+	case "spot":
+		return shizuv1.Plan_PLAN_SPOT, nil
+	}
+	return 0, usagef("-plan %q: want on-demand, reserved or spot", s)
+}
+
+func (o rentOptions) spec(command []string) (*shizuv1.RentalSpec, error) {
+	milli, err := parseFraction(o.fraction)
+	if err != nil {
+		return nil, err
+	}
+	vram, err := parseMiB(o.vram)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := parsePlan(o.plan)
+	if err != nil {
+		return nil, err
+	}
+	s := &shizuv1.RentalSpec{GpuCount: int32(o.gpus), MilliGpu: milli, VramMib: vram, MigProfile: o.mig, TeeRequired: o.tee,
+		Zone: o.zone, Plan: plan, Priority: int32(o.priority), Image: o.image, Command: command, CheckpointUri: o.ckpt,
+		CpuMilli: o.cpuMilli, MemoryMib: o.memoryMiB}
+	if o.gpus < 1 || o.gpus > 64 {
+		return nil, usagef("-gpus %d: want 1..64 (all on one node)", o.gpus)
+	}
+	if milli < 1000 && s.VramMib == 0 {
+		return nil, usagef("-fraction %s needs -vram: fractions of a GPU share its memory, so say how much (e.g. -vram 20GiB)", o.fraction)
+	}
+	if o.models != "" {
+		for _, m := range strings.Split(o.models, ",") {
+			m = strings.TrimSpace(m)
+			if _, ok := gpumodel.Lookup(m); !ok {
+				return nil, usagef("-model %q is not a known GPU model; known: %s", m, strings.Join(modelTokens(), ", "))
+			}
+			s.AllowedModels = append(s.AllowedModels, m)
+		}
+	}
+	if o.nvlink {
+		s.Interconnect = shizuv1.Interconnect_INTERCONNECT_NVLINK
+	}
+	if o.maxPrice != "" {
+		micros, err := parseAmount(o.maxPrice)
+		if err != nil {
+			return nil, usagef("-max-price: %w", err)
+		}
+		s.MaxSpotPricePerGpuHour = &shizuv1.Money{Micros: micros, Currency: o.currency}
+	}
+	if len(o.labels) > 0 {
+		s.Labels = o.labels
+	}
+	return s, nil
+}
+
+func modelTokens() []string {
+	var out []string
+	for _, m := range gpumodel.All() {
+		out = append(out, m.Token)
+	}
+	return out
+}
+
+func newRentalID() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return "r-" + hex.EncodeToString(b)
+}
+
+var rentVerb = verb{
+	name:    "rent",
+	summary: "Rent GPUs: publish a rental request and wait briefly for the scheduler's answer.",
+	usage:   "[flags] [-- command args...]",
+	examples: `  shizu rent                                   # one whole GPU, on demand, default command
+  shizu rent -gpus 2 -nvlink -model H100-SXM5-80GB -- python train.py
+  shizu rent -fraction 0.25 -vram 20GiB        # a quarter of a GPU with 20 GiB of its memory
+  shizu rent -mig 1g.10gb                      # one MIG slice
+  shizu rent -plan spot -max-price 1.20        # spot, at most 1.20 per GPU-hour
+  shizu rent -tee -model H200-SXM5-141GB       # confidential computing
+  shizu rent -o json | jq -r .rental_id
+`,
+	setup: func(fs *flag.FlagSet) func(context.Context, []string, io.Writer) error {
+		c := &rentCommand{o: rentOptions{labels: labelFlag{}}}
+		c.register(fs)
+		return c.run
+	},
+}
+
+// rentCommand is `shizu rent`: its flags, and what it does with them.
+type rentCommand struct {
+	cf     clientFlags
+	tenant *string
+	id     *string
+	wait   *time.Duration
+	o      rentOptions
+}
+
+func (c *rentCommand) register(fs *flag.FlagSet) {
+	c.cf.register(fs)
+	c.tenant = tenantFlag(fs)
+	c.id = fs.String("id", "", "rental id (default: a fresh r-<random>); reusing one is idempotent")
+	c.wait = fs.Duration("wait", 10*time.Second, "how long to wait for the outcome (0: do not wait)")
+	o := &c.o
+	fs.IntVar(&o.gpus, "gpus", 1, "number of GPUs, all on one node")
+	fs.StringVar(&o.fraction, "fraction", "", `share of one GPU: "0.25" or milli-GPU "250m" (needs -vram)`)
+	fs.StringVar(&o.vram, "vram", "", `GPU memory per GPU: MiB ("20480") or "20GiB"`)
+	fs.StringVar(&o.models, "model", "", "acceptable GPU models, comma-separated (e.g. H100-SXM5-80GB)")
+	fs.BoolVar(&o.nvlink, "nvlink", false, "all GPUs in one NVLink domain (needs -gpus >= 2)")
+	fs.StringVar(&o.mig, "mig", "", "MIG profile, e.g. 1g.10gb or 3g.40gb")
+	fs.BoolVar(&o.tee, "tee", false, "run in a trusted execution environment (confidential computing)")
+	fs.StringVar(&o.zone, "zone", "", "zone (default any)")
+	fs.StringVar(&o.plan, "plan", "on-demand", "pricing plan: on-demand, reserved or spot")
+	fs.StringVar(&o.maxPrice, "max-price", "", "spot only: highest price per GPU-hour, e.g. 1.20")
+	fs.StringVar(&o.currency, "currency", "USD", "currency of -max-price")
+	fs.IntVar(&o.priority, "priority", 0, "order within the plan, 0..1000")
+	fs.StringVar(&o.image, "image", "", "container image (the process runtime of shizu dev ignores it)")
+	fs.StringVar(&o.ckpt, "checkpoint", "", "checkpoint URI a migrated rental resumes from")
+	fs.Int64Var(&o.cpuMilli, "cpu-milli", 0, "host CPU in milli-cores (default: the node's share per GPU)")
+	fs.Int64Var(&o.memoryMiB, "memory-mib", 0, "host memory in MiB (default: the node's share per GPU)")
+	fs.Var(o.labels, "label", "key=value label copied onto usage records (repeatable)")
+}
+
+// run publishes the request, follows the rental until it has an outcome
+// (or -wait passes) and reports it.
+func (c *rentCommand) run(ctx context.Context, args []string, stdout io.Writer) error {
+	spec, err := c.o.spec(args)
+	if err != nil {
+		return err
+	}
+	rid, tenant := *c.id, *c.tenant
+	if rid == "" {
+		rid = newRentalID()
+	}
+	ev := &shizuv1.RentalRequested{Meta: shizuv1.NewMeta("rental:"+rid+":requested", cliSource, "", rid, time.Now()),
+		RentalId: rid, TenantId: tenant, Spec: spec}
+	if err := ev.Validate(); err != nil {
+		return usagef("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	subj, err := subject.Format(subject.RentalRequested, tenant)
+	if err != nil {
+		return usagef("-tenant: %w", err)
+	}
+	conn, _, err := c.cf.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	ack, err := conn.Publish(ctx, subj, ev)
+	if err != nil {
+		return fmt.Errorf("publish the request: %w", err)
+	}
+	r := &rentalView{ID: rid, Tenant: tenant, State: stateRequested, Plan: planName(spec.GetPlan()), Shape: shape(spec)}
+	if *c.wait > 0 {
+		if r, err = follow(ctx, conn, tenant, rid, ack.Sequence, *c.wait, rentAnswered()); err != nil {
+			return err
+		}
+	}
+	if c.cf.output == "json" {
+		if err := printJSON(stdout, r); err != nil {
+			return err
+		}
+		if r.State == stateRejected || r.State == stateStopped {
+			return fmt.Errorf("rental %s %s: %s", rid, r.State, r.Why)
+		}
+		return nil
+	}
+	return printRentOutcome(stdout, r, *c.wait)
+}
+
+// rentAnswered says when `shizu rent` stops following: the rental left
+// requested and scheduled, or has been pending for pendingGrace (it may be
+// placed soon: the autoscaler may be provisioning a node for it).
+func rentAnswered() func(*rentalView) bool {
+	var pendingSince time.Time
+	return func(r *rentalView) bool {
+		if r.State != statePending {
+			return r.State != stateRequested && r.State != stateScheduled
+		}
+		if pendingSince.IsZero() {
+			pendingSince = time.Now()
+		}
+		return time.Since(pendingSince) >= pendingGrace
+	}
+}
+
+// printRentOutcome writes the rental's state as a line; a rejected rental
+// or one that stopped at once is an error.
+func printRentOutcome(stdout io.Writer, r *rentalView, wait time.Duration) error {
+	rid := r.ID
+	switch r.State {
+	case stateRunning:
+		fmt.Fprintf(stdout, "%s running on %s GPU %s (%s)\n", rid, r.Node, joinInts(r.GPUs), r.Model)
+	case stateScheduled:
+		fmt.Fprintf(stdout, "%s scheduled on %s GPU %s (%s), not started yet\n", rid, r.Node, joinInts(r.GPUs), r.Model)
+	case statePending:
+		fmt.Fprintf(stdout, "%s pending: %s\n", rid, r.Why)
+	case stateRejected:
+		fmt.Fprintf(stdout, "%s rejected: %s\n", rid, r.Why)
+		return errors.New("rental " + rid + " was rejected")
+	case stateStopped:
+		fmt.Fprintf(stdout, "%s started on %s and stopped at once: %s (shizu show %s)\n", rid, r.Node, r.Why, rid)
+		return errors.New("rental " + rid + " stopped at once: " + r.Why)
+	case stateRequested:
+		fmt.Fprintf(stdout, "%s requested; no answer within %s (is the scheduler running?). Follow it with: shizu show %s\n", rid, wait, rid)
+	default:
+		fmt.Fprintf(stdout, "%s %s %s\n", rid, r.State, r.Why)
+	}
+	return nil
+}
+
+// follow reads a rental's events from the RENTALS stream, starting at
+// sequence from, until done says so or wait passes; it returns the view.
+func follow(ctx context.Context, conn *bus.Conn, tenant, rental string, from uint64, wait time.Duration, done func(*rentalView) bool) (*rentalView, error) {
+	filter, err := subject.Format("rental.%s.>", tenant)
+	if err != nil {
+		return nil, err
+	}
+	earlier, err := readStream(ctx, conn, topology.StreamRentals, filter)
+	if err != nil {
+		return nil, err
+	}
+	var mine []event
+	keep := func(e event) {
+		if rentalIDOf(e.Msg) == rental {
+			mine = append(mine, e)
+		}
+	}
+	last := from
+	for _, e := range earlier {
+		keep(e)
+		last = max(last, e.Seq)
+	}
+	view := func() *rentalView {
+		if rs := rentals(mine); len(rs) > 0 {
+			return rs[0]
+		}
+		return &rentalView{ID: rental, Tenant: tenant, State: stateRequested}
+	}
+	if done(view()) {
+		return view(), nil
+	}
+	cons, err := conn.JetStream().OrderedConsumer(ctx, topology.StreamRentals, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: last + 1})
+	if err != nil {
+		return nil, fmt.Errorf("follow the rental: %w", err)
+	}
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		batch, err := cons.Fetch(100, jetstream.FetchMaxWait(min(time.Until(deadline), time.Second)+time.Millisecond))
+		if err != nil {
+			return nil, fmt.Errorf("follow the rental: %w", err)
+		}
+		for m := range batch.Messages() {
+			meta, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			if ev := decode(m.Headers().Get(bus.HeaderEvent), m.Data()); ev != nil {
+				keep(event{Seq: meta.Sequence.Stream, Subject: m.Subject(), Msg: ev})
+			}
+		}
+		if done(view()) {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	return view(), nil
+}
