@@ -82,6 +82,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.PendingRetry, "pending-retry", c.envDur("SHIZU_SCHEDULER_PENDING_RETRY", c.PendingRetry), "retry pending requests this often")
 	fs.DurationVar(&c.PreemptionNotice, "preemption-notice", c.envDur("SHIZU_SCHEDULER_PREEMPTION_NOTICE", c.PreemptionNotice), "notice given to preempted spot rentals")
 	fs.DurationVar(&c.SnapshotMaxAge, "snapshot-max-age", c.envDur("SHIZU_SCHEDULER_SNAPSHOT_MAX_AGE", c.SnapshotMaxAge), "re-read the store when the view is older and the store moved")
+	fs.DurationVar(&c.AgingStep, "aging-step", c.envDur("SHIZU_SCHEDULER_AGING_STEP", c.AgingStep), "wait worth one priority point")
+	fs.IntVar(&c.WorkloadWindow, "workload-window", c.envInt("SHIZU_SCHEDULER_WORKLOAD_WINDOW", c.WorkloadWindow), "recent requests the fragmentation measure is taken against")
+	fs.DurationVar(&c.OutcomeTTL, "outcome-ttl", c.envDur("SHIZU_SCHEDULER_OUTCOME_TTL", c.OutcomeTTL), "how long a rental's outcome record is kept")
 	fs.StringVar(&c.KeyPrefix, "key-prefix", env("SHIZU_SCHEDULER_KEY_PREFIX", c.KeyPrefix), "capacity store Redis key prefix")
 }
 
