@@ -198,7 +198,7 @@ func (s *Scheduler) Start(ctx context.Context, specs ...bus.Consumer) ([]service
 		defer close(done)
 		s.Run(loopCtx)
 	}()
-	loop := stopFunc(func(context.Context) error {
+	loop := service.PartFunc(func(context.Context) error {
 		cancel()
 		<-done
 		return nil
@@ -220,7 +220,3 @@ func (s *Scheduler) Start(ctx context.Context, specs ...bus.Consumer) ([]service
 	}
 	return parts, nil
 }
-
-type stopFunc func(context.Context) error
-
-func (f stopFunc) Stop(ctx context.Context) error { return f(ctx) }
