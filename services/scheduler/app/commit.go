@@ -30,7 +30,7 @@ type committer struct {
 }
 
 func (s *Scheduler) startCommit(ctx context.Context) *committer {
-	return &committer{reserver: s.d.Store, ctx: ctx, most: s.cfg.CommitWorkers,
+	return &committer{reserver: s.reserve, ctx: ctx, most: s.cfg.CommitWorkers,
 		chunks: make(chan []*job, s.cfg.BatchSize/commitChunk+1)}
 }
 
@@ -142,7 +142,7 @@ func (s *Scheduler) recordScheduled(ctx context.Context, b ports.Batch, ok []*jo
 		j.outcome = outcomes[i].Outcome
 		if !round.KeepReservation(outcomes[i], allocs[i], j.alloc.Existing) {
 			j.outcome = ""
-			if _, rerr := s.d.Store.Release(ctx, j.Request.ID); rerr != nil {
+			if _, rerr := s.reserve.Release(ctx, j.Request.ID); rerr != nil {
 				j.err = rerr
 			}
 			fixes = append(fixes, view.Fix{Node: j.Placed.NodeID, Rental: j.Request.ID})

@@ -56,6 +56,7 @@ type Deps struct {
 type Scheduler struct {
 	cfg     Config
 	d       Deps
+	reserve ports.Reserver
 	rec     ports.OutcomeRecords
 	pub     ports.Publisher
 	plan    round.Config
@@ -123,7 +124,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 		return nil, err
 	}
 	return &Scheduler{
-		cfg: cfg, d: d, rec: d.Records, pub: d.Publisher, catalogue: catalogue,
+		cfg: cfg, d: d, reserve: d.Store, rec: d.Records, pub: d.Publisher, catalogue: catalogue,
 		plan: round.Config{Placer: pl, AgingStep: cfg.AgingStep, PendingTimeout: cfg.PendingTimeout,
 			PreemptionNotice: cfg.PreemptionNotice},
 		in:         make(chan []*job, cfg.Concurrency/cfg.BatchSize+1),

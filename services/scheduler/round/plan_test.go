@@ -113,7 +113,9 @@ func TestWhatAPendingRequestIsToldAgain(t *testing.T) {
 		{"a pending request told the same before says nothing new",
 			func(j *round.Job) { j.FromPending, j.Reason = true, noCapacity }, false, 0},
 		{"a pending request whose preemption is under way waits for it without starting another",
-			func(j *round.Job) { j.FromPending, j.Reason, j.PreemptUntil = true, noCapacity, now.Add(10*time.Second) }, true, awaiting},
+			func(j *round.Job) {
+				j.FromPending, j.Reason, j.PreemptUntil = true, noCapacity, now.Add(10*time.Second)
+			}, true, awaiting},
 		{"a pending request told it awaits a preemption that is still under way says nothing new",
 			func(j *round.Job) { j.FromPending, j.Reason, j.PreemptUntil = true, awaiting, now.Add(10*time.Second) }, false, 0},
 		{"a pending request whose preemption notice ran out waits for capacity again",
