@@ -189,3 +189,19 @@ func TestRecordsThatFailLeaveEveryNoFitRequestToBeRetried(t *testing.T) {
 		t.Fatalf("job error %v, want the records' error", j.err)
 	}
 }
+
+func TestADuplicateOfAScheduledRentalThatFitsNowhereSaysNothing(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.rec.SetOutcome("dup", round.OutcomeScheduled, "n1@1")
+	j := r.job("dup", 3, roundNow)
+	b := r.pub.NewBatch()
+	r.s.handleNoFit(t.Context(), b, []*job{j}, roundNow)
+	if err := b.Wait(t.Context()); err != nil || j.err != nil {
+		t.Fatal(err, j.err)
+	}
+	entries, _, _ := r.rec.Pending(t.Context())
+	if len(entries) != 0 || len(r.pub.Published) != 0 {
+		t.Fatalf("pending %v, published %v; want nothing for a rental scheduled already", entries, r.pub.Published)
+	}
+}

@@ -207,3 +207,39 @@ func pendingJobs(ps []round.Pending[*round.Job]) []*round.Job {
 	}
 	return out
 }
+
+func TestAnOnDemandRequestPreemptsTheSpotRentalThatLosesTheLeastWork(t *testing.T) {
+	t.Parallel()
+	v := viewOf(node("n1", 1), node("n2", 1))
+	cfg := config(t)
+	round.Plan(v, []*round.Job{job(t, "old", spot)}, t0, cfg)
+	later := t0.Add(30 * time.Minute)
+	round.Plan(v, []*round.Job{job(t, "new", spot, madeAt(later))}, later, cfg)
+	now := later.Add(time.Minute)
+	plan := round.Plan(v, []*round.Job{job(t, "urgent", madeAt(now))}, now, cfg)
+	if p := plan.Pending[0].Preempt; p == nil || len(p.Victims) != 1 || p.Victims[0].RentalID != "new" {
+		t.Fatalf("preemption %+v, want the spot rental that ran 1 min evicted, not the one that ran 31", p)
+	}
+}
+
+func TestAPendingRequestIsPlacedOnceTheViewHasRoom(t *testing.T) {
+	t.Parallel()
+	waiting := job(t, "w", func(j *round.Job) {
+		j.FromPending, j.Reason = true, shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY
+	})
+	plan := round.Plan(viewOf(node("n1", 1)), []*round.Job{waiting}, t0.Add(5*time.Minute), config(t))
+	if len(plan.Reserve) != 1 || len(plan.Pending) != 0 {
+		t.Fatalf("plan %+v, want the pending request reserved", plan)
+	}
+}
+
+func TestNothingIsPlacedOnAnUnhealthyGPU(t *testing.T) {
+	t.Parallel()
+	n := node("n1", 2)
+	n.GPUs[0].Unhealthy = true
+	v := viewOf(n)
+	plan := round.Plan(v, []*round.Job{job(t, "a"), job(t, "b")}, t0, config(t))
+	if len(plan.Reserve) != 1 || plan.Reserve[0].Placed.GPUs[0].Index != 1 || len(plan.Pending) != 1 {
+		t.Fatalf("plan %+v, want one rental on GPU 1 and the other waiting", plan)
+	}
+}

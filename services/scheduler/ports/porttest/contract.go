@@ -144,32 +144,34 @@ func RunOutcomeRecordsContract(t *testing.T, newImpl func(t *testing.T) ports.Ou
 			}
 		}
 	})
-	t.Run("pending entries read back until claimed or dropped", func(t *testing.T) {
-		rec := newImpl(t)
-		until := time.Unix(1_700_000_000, 0).UTC()
-		entries := []ports.PendingEntry{
-			{Event: request("r1"), Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY, Attempt: 1},
-			{Event: request("r2"), Reason: shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION, PreemptUntil: until, Attempt: 3},
-			{Event: request("r3"), Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY},
-		}
-		if err := rec.PutPending(t.Context(), entries); err != nil {
-			t.Fatal(err)
-		}
-		got := pendingByRental(t, rec)
-		if len(got) != 3 || !proto.Equal(got["r2"].Event, entries[1].Event) || got["r2"].Reason != entries[1].Reason ||
-			!got["r2"].PreemptUntil.Equal(until) || got["r2"].Attempt != 3 {
-			t.Fatalf("Pending = %+v", got)
-		}
-		if _, err := rec.Claim(t.Context(), []string{"r1"}, round.OutcomeRejected, nil, nil); err != nil {
-			t.Fatal(err)
-		}
-		if err := rec.DropPending(t.Context(), "r3"); err != nil {
-			t.Fatal(err)
-		}
-		if got := pendingByRental(t, rec); len(got) != 1 || got["r2"].Event == nil {
-			t.Fatalf("Pending after a claim and a drop = %+v, want r2 only", got)
-		}
-	})
+	t.Run("pending entries read back until claimed or dropped", func(t *testing.T) { pendingContract(t, newImpl(t)) })
+}
+
+// pendingContract: entries read back until claimed or dropped.
+func pendingContract(t *testing.T, rec ports.OutcomeRecords) {
+	until := time.Unix(1_700_000_000, 0).UTC()
+	entries := []ports.PendingEntry{
+		{Event: request("r1"), Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY, Attempt: 1},
+		{Event: request("r2"), Reason: shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION, PreemptUntil: until, Attempt: 3},
+		{Event: request("r3"), Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY},
+	}
+	if err := rec.PutPending(t.Context(), entries); err != nil {
+		t.Fatal(err)
+	}
+	got := pendingByRental(t, rec)
+	if len(got) != 3 || !proto.Equal(got["r2"].Event, entries[1].Event) || got["r2"].Reason != entries[1].Reason ||
+		!got["r2"].PreemptUntil.Equal(until) || got["r2"].Attempt != 3 {
+		t.Fatalf("Pending = %+v", got)
+	}
+	if _, err := rec.Claim(t.Context(), []string{"r1"}, round.OutcomeRejected, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.DropPending(t.Context(), "r3"); err != nil {
+		t.Fatal(err)
+	}
+	if got := pendingByRental(t, rec); len(got) != 1 || got["r2"].Event == nil {
+		t.Fatalf("Pending after a claim and a drop = %+v, want r2 only", got)
+	}
 }
 
 func pendingByRental(t *testing.T, rec ports.OutcomeRecords) map[string]ports.PendingEntry {
