@@ -18,7 +18,7 @@ const commitChunk = 64
 // committer reserves chunks of placed jobs through the Reserver while the
 // loop places the next ones: each chunk is one ReserveMany pipeline (its
 // reserves run in round order), up to CommitWorkers pipelines at once.
-// The loop must not touch a sent job's alloc, err or tries until wait
+// The loop must not touch a sent job's alloc or err until wait
 // returns.
 type committer struct {
 	reserver ports.Reserver
@@ -52,7 +52,6 @@ func (c *committer) work() {
 	for chunk := range c.chunks {
 		ps = ps[:0]
 		for _, j := range chunk {
-			j.tries++
 			ps = append(ps, placementOf(&j.Request, j.Placed))
 		}
 		for i, r := range c.reserver.ReserveMany(c.ctx, ps) {

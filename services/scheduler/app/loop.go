@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 	"github.com/shizu-gpu/shizu/services/scheduler/round"
 	"github.com/shizu-gpu/shizu/shared/capacity"
@@ -144,7 +143,7 @@ func (s *Scheduler) retryPending(ctx context.Context, kicked bool) {
 	var jobs []*job
 	for _, e := range entries {
 		j := &job{Job: round.NewJob(e.Event, requestOf(e.Event), max(e.Attempt, 1), s.plan), done: make(chan error, 1)}
-		j.FromPending, j.PreemptUntil, j.Reason = true, e.PreemptUntil, shizuv1.PendingReason(e.Reason)
+		j.FromPending, j.PreemptUntil, j.Reason = true, e.PreemptUntil, e.Reason
 		if j.Deadline.Before(s.nextDeadline) {
 			s.nextDeadline = j.Deadline
 		}

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -19,22 +18,13 @@ import (
 	"github.com/shizu-gpu/shizu/shared/subject"
 )
 
-// Store is what the scheduler asks of the capacity store: the reserve
-// ([ports.Reserver]) and the reads its view is built from, plus the GPU
-// health it records. *capacity.Store is one.
-type Store interface {
-	ports.Reserver
-	Snapshot(ctx context.Context) (capacity.Snapshot, error)
-	Node(ctx context.Context, nodeID string) (capacity.NodeState, error)
-	Version(ctx context.Context) (uint64, error)
-	SetGPUHealth(ctx context.Context, nodeID string, epoch uint64, gpu int, h capacity.GPUHealth) (bool, error)
-}
-
 // Deps are what a Scheduler runs on.
 type Deps struct {
 	// Bus carries the deliveries, and the events unless Publisher is set.
-	Bus   *bus.Conn
-	Store Store
+	Bus *bus.Conn
+	// Store is the capacity store; the loop's view is read from it and its
+	// reserve (a ports.Reserver) commits the rounds.
+	Store *capacity.Store
 	// Redis holds the outcome records unless Records is set.
 	Redis redis.UniversalClient
 	// Records and Publisher replace the Redis records and the bus
@@ -54,8 +44,9 @@ type Deps struct {
 // once on one durable consumer; the store's reserve and the outcome record
 // keep them from double booking.
 type Scheduler struct {
-	cfg     Config
-	d       Deps
+	cfg Config
+	d   Deps
+	// reserve is d.Store's reserve (a fake in tests of the round).
 	reserve ports.Reserver
 	rec     ports.OutcomeRecords
 	pub     ports.Publisher
@@ -93,12 +84,10 @@ type job struct {
 	round.Job
 	done chan error
 
-	alloc    capacity.Allocation
-	facts    *view.Facts
-	err      error
-	outcome  string
-	tries    int
-	received time.Time
+	alloc   capacity.Allocation
+	facts   *view.Facts
+	err     error
+	outcome string
 }
 
 // New builds a scheduler replica.
@@ -150,5 +139,5 @@ func (s *Scheduler) Router() *bus.Router {
 }
 
 func (s *Scheduler) newJob(ev *shizuv1.RentalRequested, r placement.Request, attempt int32) *job {
-	return &job{Job: round.NewJob(ev, r, attempt, s.plan), done: make(chan error, 1), received: s.d.Now()}
+	return &job{Job: round.NewJob(ev, r, attempt, s.plan), done: make(chan error, 1)}
 }
