@@ -189,7 +189,7 @@ func pendingByRental(t *testing.T, rec ports.OutcomeRecords) map[string]ports.Pe
 
 func request(id string) *shizuv1.RentalRequested {
 	return &shizuv1.RentalRequested{
-		Meta:     &shizuv1.EventMeta{EventId: "req:" + id, OccurredAt: timestamppb.New(time.Unix(1_700_000_000, 0)), Source: "test", CorrelationId: id},
+		Meta:     shizuv1.NewMeta("req:"+id, "test", "", id, time.Unix(1_700_000_000, 0)),
 		RentalId: id, TenantId: "tenant-a",
 		Spec: &shizuv1.RentalSpec{GpuCount: 1, MilliGpu: 500, VramMib: 1024, Plan: shizuv1.Plan_PLAN_ON_DEMAND},
 	}
