@@ -1,7 +1,12 @@
 // Package app wires the scheduler service to the bus and Redis and runs it.
 // Its decisions live in packages beside it that import neither NATS nor
-// Redis: placement (level two: where a rental goes) and queue (level one:
-// in which order waiting requests are tried).
+// Redis: round (what one scheduling round decides: admission, order,
+// placement, pending, preemption, rejection, whether a reservation stays),
+// view (the loop's in-memory state), placement (level two: where a rental
+// goes) and queue (level one: in which order waiting requests are tried).
+// The app reaches the world through the ports (Reserver, OutcomeRecords,
+// Publisher): handlers.go turns deliveries into jobs, loop.go runs the
+// rounds, commit.go reserves and records, publish.go builds the events.
 package app
 
 import (
