@@ -205,3 +205,26 @@ func TestADuplicateOfAScheduledRentalThatFitsNowhereSaysNothing(t *testing.T) {
 		t.Fatalf("pending %v, published %v; want nothing for a rental scheduled already", entries, r.pub.Published)
 	}
 }
+
+func TestAFailureAfterPlacementLeavesTheRequestToBeDeliveredAgain(t *testing.T) {
+	t.Parallel()
+	down := errors.New("down")
+	cases := []struct {
+		name string
+		fail func(*rig)
+	}{
+		{"the store's reserve fails for another reason than capacity", func(r *rig) { r.res.Refuse["r1"] = down }},
+		{"the outcome records fail", func(r *rig) { r.rec.Err = down }},
+		{"the events are not acknowledged", func(r *rig) { r.pub.WaitErr = down }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t)
+			tc.fail(r)
+			if errs := r.run(t, r.job("r1", 1, roundNow)); !errors.Is(errs[0], down) {
+				t.Fatalf("outcome %v, want the failure (the delivery is not acknowledged)", errs[0])
+			}
+		})
+	}
+}
