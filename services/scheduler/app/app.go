@@ -1,7 +1,12 @@
 // Package app wires the scheduler service to the bus and Redis and runs it.
 // Its decisions live in packages beside it that import neither NATS nor
-// Redis: placement (level two: where a rental goes) and queue (level one:
-// in which order waiting requests are tried).
+// Redis: round (what one scheduling round decides: admission, order,
+// placement, pending, preemption, rejection, whether a reservation stays),
+// view (the loop's in-memory state), placement (level two: where a rental
+// goes) and queue (level one: in which order waiting requests are tried).
+// The app reaches the world through the ports (Reserver, OutcomeRecords,
+// Publisher): handlers.go turns deliveries into jobs, loop.go runs the
+// rounds, commit.go reserves and records, publish.go builds the events.
 package app
 
 import (
@@ -82,6 +87,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.PendingRetry, "pending-retry", c.envDur("SHIZU_SCHEDULER_PENDING_RETRY", c.PendingRetry), "retry pending requests this often")
 	fs.DurationVar(&c.PreemptionNotice, "preemption-notice", c.envDur("SHIZU_SCHEDULER_PREEMPTION_NOTICE", c.PreemptionNotice), "notice given to preempted spot rentals")
 	fs.DurationVar(&c.SnapshotMaxAge, "snapshot-max-age", c.envDur("SHIZU_SCHEDULER_SNAPSHOT_MAX_AGE", c.SnapshotMaxAge), "re-read the store when the view is older and the store moved")
+	fs.DurationVar(&c.AgingStep, "aging-step", c.envDur("SHIZU_SCHEDULER_AGING_STEP", c.AgingStep), "wait worth one priority point")
+	fs.IntVar(&c.WorkloadWindow, "workload-window", c.envInt("SHIZU_SCHEDULER_WORKLOAD_WINDOW", c.WorkloadWindow), "recent requests the fragmentation measure is taken against")
+	fs.DurationVar(&c.OutcomeTTL, "outcome-ttl", c.envDur("SHIZU_SCHEDULER_OUTCOME_TTL", c.OutcomeTTL), "how long a rental's outcome record is kept")
 	fs.StringVar(&c.KeyPrefix, "key-prefix", env("SHIZU_SCHEDULER_KEY_PREFIX", c.KeyPrefix), "capacity store Redis key prefix")
 }
 
@@ -195,7 +203,7 @@ func (s *Scheduler) Start(ctx context.Context, specs ...bus.Consumer) ([]service
 		defer close(done)
 		s.Run(loopCtx)
 	}()
-	loop := stopFunc(func(context.Context) error {
+	loop := service.PartFunc(func(context.Context) error {
 		cancel()
 		<-done
 		return nil
@@ -217,7 +225,3 @@ func (s *Scheduler) Start(ctx context.Context, specs ...bus.Consumer) ([]service
 	}
 	return parts, nil
 }
-
-type stopFunc func(context.Context) error
-
-func (f stopFunc) Stop(ctx context.Context) error { return f(ctx) }

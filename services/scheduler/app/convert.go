@@ -1,16 +1,11 @@
 package app
 
 import (
-	"fmt"
 	"slices"
-	"strconv"
-	"strings"
-	"time"
-
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/services/scheduler/ports"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 )
 
@@ -64,7 +59,7 @@ func requestOf(ev *shizuv1.RentalRequested) placement.Request {
 // nodeOf translates a stored node into the placement's view. classes maps
 // rental ids to their class and priority (for preemption); rentals it does
 // not know are treated as on-demand, which nothing preempts.
-func nodeOf(st *capacity.NodeState, classes map[string]classRecord) placement.Node {
+func nodeOf(st *capacity.NodeState, classes map[string]ports.Class) placement.Node {
 	n := placement.Node{
 		ID: st.ID, Epoch: st.Epoch, Ready: st.Status == capacity.StatusReady, Zone: st.Zone,
 		Market: placement.Market(st.Market), TEE: st.TEECapable,
@@ -108,7 +103,7 @@ func nodeOf(st *capacity.NodeState, classes map[string]classRecord) placement.No
 	for _, a := range st.Allocations {
 		rec, ok := classes[a.RentalID]
 		if !ok {
-			rec = classRecord{Class: placement.ClassOnDemand}
+			rec = ports.Class{Class: placement.ClassOnDemand}
 		}
 		pa := placement.Allocation{RentalID: a.RentalID, Tenant: a.Tenant, Class: rec.Class, Priority: rec.Priority,
 			CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB, Since: a.CreatedAt}
@@ -131,27 +126,6 @@ func nodeOf(st *capacity.NodeState, classes map[string]classRecord) placement.No
 	return n
 }
 
-// classRecord is what the scheduler remembers of a placed rental.
-type classRecord struct {
-	Class    placement.Class
-	Priority int
-}
-
-func (c classRecord) String() string { return fmt.Sprintf("%d:%d", c.Class, c.Priority) }
-
-func parseClassRecord(s string) (classRecord, bool) {
-	a, b, ok := strings.Cut(s, ":")
-	if !ok {
-		return classRecord{}, false
-	}
-	c, err1 := strconv.Atoi(a)
-	p, err2 := strconv.Atoi(b)
-	if err1 != nil || err2 != nil {
-		return classRecord{}, false
-	}
-	return classRecord{placement.Class(c), p}, true
-}
-
 // placementOf is the store's form of a decision.
 func placementOf(r *placement.Request, p placement.Placement) capacity.Placement {
 	cp := capacity.Placement{RentalID: r.ID, NodeID: p.NodeID, Epoch: p.Epoch, Tenant: r.Tenant,
@@ -161,42 +135,6 @@ func placementOf(r *placement.Request, p placement.Placement) capacity.Placement
 			MIGInstance: s.MIGInstance})
 	}
 	return cp
-}
-
-// scheduledOf builds the RentalScheduled event of an allocation (the one
-// the store recorded, which for a repeated request is the first one).
-func scheduledOf(ev *shizuv1.RentalRequested, a capacity.Allocation, node *nodeFacts, attempt int32, source string, now time.Time) *shizuv1.RentalScheduled {
-	spec := ev.GetSpec()
-	out := &shizuv1.RentalScheduled{
-		Meta: &shizuv1.EventMeta{
-			EventId:    fmt.Sprintf("rental:%s:scheduled:%d", ev.GetRentalId(), attempt),
-			OccurredAt: timestamppb.New(now), Source: source,
-			CausationId: ev.GetMeta().GetEventId(), CorrelationId: ev.GetRentalId(),
-		},
-		RentalId: ev.GetRentalId(), TenantId: ev.GetTenantId(), NodeId: a.NodeID, NodeEpoch: int64(a.Epoch),
-		CpuMilli: a.CPUMilli, MemoryMib: a.MemoryMiB, Spec: spec, Attempt: attempt,
-	}
-	if node != nil {
-		out.Zone = node.Zone
-	}
-	for _, g := range a.GPUs {
-		as := &shizuv1.GpuAssignment{GpuIndex: int32(g.Index), MilliGpu: spec.GetMilliGpu(), VramMib: g.VRAMMiB}
-		if node != nil && g.Index < len(node.GPUs) {
-			as.GpuUuid = node.GPUs[g.Index].UUID
-			out.GpuModel = node.GPUs[g.Index].Model
-		}
-		if g.MIGProfile != "" {
-			// The instance the store gave the rental; the agent runs it there.
-			as.MigInstance = &shizuv1.MigInstance{Uuid: g.MIGInstance, Profile: g.MIGProfile, VramMib: g.VRAMMiB}
-		}
-		out.Gpus = append(out.Gpus, as)
-	}
-	return out
-}
-
-func meta(id, source string, cause *shizuv1.EventMeta, correlation string, now time.Time) *shizuv1.EventMeta {
-	return &shizuv1.EventMeta{EventId: id, OccurredAt: timestamppb.New(now), Source: source,
-		CausationId: cause.GetEventId(), CorrelationId: correlation}
 }
 
 // vectorOf is the missing resource vector of a request.
@@ -213,23 +151,4 @@ func vectorOf(r *placement.Request, m placement.Missing) *shizuv1.ResourceVector
 		v.Market = shizuv1.Market_MARKET_ON_DEMAND
 	}
 	return v
-}
-
-// nodeFacts is what a RentalScheduled event tells about the node it names:
-// its zone and its GPUs' UUIDs and models. A value is never changed once
-// built, so the goroutine that publishes a round may read it while the
-// loop moves on.
-type nodeFacts struct {
-	Zone string
-	GPUs []gpuFacts
-}
-
-type gpuFacts struct{ UUID, Model string }
-
-func factsOf(n *placement.Node) *nodeFacts {
-	f := &nodeFacts{Zone: n.Zone, GPUs: make([]gpuFacts, len(n.GPUs))}
-	for i := range n.GPUs {
-		f.GPUs[i] = gpuFacts{UUID: n.GPUs[i].UUID, Model: n.GPUs[i].Model}
-	}
-	return f
 }

@@ -8,6 +8,7 @@ import (
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/services/scheduler/ports"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 )
 
@@ -53,7 +54,7 @@ func TestStoredNodesBecomePlacementNodesWithDomainsMIGAndClasses(t *testing.T) {
 		Allocations: []capacity.Allocation{{Placement: capacity.Placement{RentalID: "mig", Tenant: "t",
 			GPUs: []capacity.GPUShare{{Index: 0, Milli: 285, VRAMMiB: 20, MIGProfile: "2g.20gb", MIGInstance: "MIG-a"}}}, CreatedAt: time.Unix(100, 0)}},
 	}
-	n := nodeOf(&st, map[string]classRecord{"mig": {placement.ClassSpot, 7}})
+	n := nodeOf(&st, map[string]ports.Class{"mig": {Class: placement.ClassSpot, Priority: 7}})
 	if !n.Ready || n.Epoch != 3 || n.Market != placement.MarketSpot {
 		t.Fatalf("node %+v", n)
 	}

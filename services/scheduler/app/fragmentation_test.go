@@ -24,7 +24,7 @@ import (
 func gauges(t *testing.T, r *sdkmetric.ManualReader) map[string]float64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
+	if err := r.Collect(t.Context(), &rm); err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]float64{}
@@ -47,7 +47,7 @@ func TestTheFragmentationGaugesFollowTheView(t *testing.T) {
 	e.register(gpuNode("n1", 1, capacity.MarketOnDemand))
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	t.Cleanup(func() { _ = mp.Shutdown(context.WithoutCancel(t.Context())) })
 	metrics, err := app.NewMetrics(mp)
 	if err != nil {
 		t.Fatal(err)
@@ -62,14 +62,14 @@ func TestTheFragmentationGaugesFollowTheView(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc, _ := topology.ServiceNamed(topology.Scheduler)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	parts, err := s.Start(ctx, svc.Consumers...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		cancel()
-		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		stopCtx, stop := context.WithTimeout(context.WithoutCancel(t.Context()), 10*time.Second)
 		defer stop()
 		for i := len(parts) - 1; i >= 0; i-- {
 			_ = parts[i].Stop(stopCtx)

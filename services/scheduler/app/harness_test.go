@@ -52,7 +52,7 @@ func newQuietEnv(t testing.TB) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	t.Cleanup(func() { _ = admin.Close(context.WithoutCancel(t.Context())) })
 	if err := admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatal(err)
 	}
@@ -89,14 +89,14 @@ func (e *env) replica(cfg app.Config, now func() time.Time) {
 		t.Fatal(err)
 	}
 	svc, _ := topology.ServiceNamed(topology.Scheduler)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	parts, err := s.Start(ctx, svc.Consumers...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		cancel()
-		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		stopCtx, stop := context.WithTimeout(context.WithoutCancel(t.Context()), 10*time.Second)
 		defer stop()
 		for i := len(parts) - 1; i >= 0; i-- {
 			_ = parts[i].Stop(stopCtx)

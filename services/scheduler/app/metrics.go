@@ -100,8 +100,8 @@ func (m *Metrics) outcome(ctx context.Context, o string) {
 }
 
 func (m *Metrics) latency(ctx context.Context, j *job, now time.Time) {
-	if m != nil && !j.fromPending {
-		m.latencyH.Record(ctx, now.Sub(j.enqueued).Seconds())
+	if m != nil && !j.FromPending {
+		m.latencyH.Record(ctx, now.Sub(j.Enqueued).Seconds())
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/scheduler/view"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/fault"
@@ -29,7 +30,7 @@ func (s *Scheduler) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating
 		return fault.Invalid("rental %s: RentalMigrating with next_attempt %d and %s cannot be placed again (failover did not know the rental's placement)",
 			id, ev.GetNextAttempt(), map[bool]string{true: "a spec", false: "no spec"}[ev.GetSpec() != nil])
 	}
-	if newer, err := s.rec.placedAfter(ctx, id, ev.GetNextAttempt()); err != nil {
+	if newer, err := s.rec.PlacedAfter(ctx, id, ev.GetNextAttempt()); err != nil {
 		return err
 	} else if newer {
 		return nil // a later move already placed it
@@ -45,16 +46,11 @@ func (s *Scheduler) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating
 		}
 		// The view belongs to the loop: it takes the release out before
 		// it next places.
-		s.postFixes(viewFix{node: a.NodeID, rental: id})
+		s.view.Post(view.Fix{Node: a.NodeID, Rental: id})
 	}
 	req := &shizuv1.RentalRequested{
-		Meta: &shizuv1.EventMeta{
-			EventId:       fmt.Sprintf("rental:%s:requeued:%d", id, ev.GetNextAttempt()),
-			OccurredAt:    ev.GetMeta().GetOccurredAt(),
-			Source:        s.source,
-			CausationId:   ev.GetMeta().GetEventId(),
-			CorrelationId: id,
-		},
+		Meta: shizuv1.NewMeta(fmt.Sprintf("rental:%s:requeued:%d", id, ev.GetNextAttempt()), s.source,
+			ev.GetMeta().GetEventId(), id, ev.GetMeta().GetOccurredAt().AsTime()),
 		RentalId: id, TenantId: ev.GetTenantId(), Spec: ev.GetSpec(),
 	}
 	r := requestOf(req)

@@ -45,24 +45,20 @@ func TestARequestDeliveredAgainIsScheduledOnce(t *testing.T) {
 
 	// Every delivery handled and acknowledged.
 	js := e.admin.JetStream()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.Eventually(t, 30*time.Second, func() error {
 		cons, err := js.Consumer(t.Context(), topology.StreamRentals, "scheduler")
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		info, err := cons.Info(t.Context())
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if info.NumPending == 0 && info.NumAckPending == 0 && info.AckFloor.Stream >= uint64(rentals*copies) {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("deliveries not all acknowledged: %d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("deliveries not all acknowledged: %d pending, %d unacknowledged", info.NumPending, info.NumAckPending)
+	})
 
 	count := func(stream, subj string) uint64 {
 		s, err := js.Stream(t.Context(), stream)

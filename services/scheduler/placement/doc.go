@@ -7,15 +7,16 @@
 // A decision is a chain written down in one place ([Place]):
 //
 //  1. feasibility filters, in the order of [Filters]: node ready, zone,
-//     market, TEE, host CPU and memory, GPU model, GPU capabilities, and
+//     market, TEE, GPU model, GPU capabilities, host CPU and memory, and
 //     finally the GPUs themselves (enough GPUs with the milli-GPU, VRAM and a
 //     free sharer slot, a MIG slice, one NVLink domain when asked);
 //  2. GPU choice inside each feasible node (the policy's GPU picker; NVLink
 //     requests take the tightest NVLink domain that fits, other multi-GPU
 //     requests the GPUs with the fewest PCIe hops between them);
 //  3. ranking of the feasible nodes by the policy's score ([Policy]): fgd,
-//     bestfit, firstfit, random, dotprod, fixed or shizu (FGD that puts a
-//     fraction on the tightest already-shared GPU first, shizu.go);
+//     bestfit, firstfit, random, dotprod, fixed, packing, clustering or
+//     shizu (FGD that also charges the GPU a node's free CPU can no longer
+//     feed and an unrestricted task's use of a scarce GPU model, shizu.go);
 //  4. selection of the highest score, ties broken by Node.TieRank and then
 //     by a hash of the request and node ids.
 //

@@ -55,48 +55,6 @@ type Item struct {
 	Value any
 }
 
-// Queue holds waiting requests; it is not safe for concurrent use.
-type Queue struct {
-	opts  Options
-	items map[string]Item
-}
-
-// New returns an empty queue.
-func New(o Options) *Queue { return &Queue{opts: o.withDefaults(), items: map[string]Item{}} }
-
-// Push adds (or replaces) an item by id; the first enqueue time is kept.
-func (q *Queue) Push(it Item) {
-	if old, ok := q.items[it.ID]; ok {
-		it.Enqueued = old.Enqueued
-	}
-	q.items[it.ID] = it
-}
-
-// Remove forgets an item; false if it was not queued.
-func (q *Queue) Remove(id string) bool {
-	_, ok := q.items[id]
-	delete(q.items, id)
-	return ok
-}
-
-// Len is the number of queued items.
-func (q *Queue) Len() int { return len(q.items) }
-
-// Get returns a queued item.
-func (q *Queue) Get(id string) (Item, bool) {
-	it, ok := q.items[id]
-	return it, ok
-}
-
-// Ordered returns every item in the order to try them at now.
-func (q *Queue) Ordered(now time.Time) []Item {
-	items := make([]Item, 0, len(q.items))
-	for _, it := range q.items {
-		items = append(items, it)
-	}
-	return Order(items, now, q.opts)
-}
-
 // Effective is an item's ordering value at now, before the tenant
 // penalty: class·ClassSpan + priority + waited/AgingStep.
 func Effective(it Item, now time.Time, o Options) int64 {

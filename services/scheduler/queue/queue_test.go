@@ -32,52 +32,55 @@ func equal(a, b []string) bool {
 
 func TestClassesGoReservedThenOnDemandThenSpot(t *testing.T) {
 	t.Parallel()
-	q := queue.New(queue.Options{})
-	q.Push(queue.Item{ID: "spot", Tenant: "a", Class: placement.ClassSpot, Priority: 1000, Enqueued: t0})
-	q.Push(queue.Item{ID: "od", Tenant: "b", Class: placement.ClassOnDemand, Enqueued: t0})
-	q.Push(queue.Item{ID: "res", Tenant: "c", Class: placement.ClassReserved, Enqueued: t0})
-	if got := ids(q.Ordered(t0)); !equal(got, []string{"res", "od", "spot"}) {
+	var q []queue.Item
+	opts := queue.Options{}
+	q = append(q, queue.Item{ID: "spot", Tenant: "a", Class: placement.ClassSpot, Priority: 1000, Enqueued: t0})
+	q = append(q, queue.Item{ID: "od", Tenant: "b", Class: placement.ClassOnDemand, Enqueued: t0})
+	q = append(q, queue.Item{ID: "res", Tenant: "c", Class: placement.ClassReserved, Enqueued: t0})
+	if got := ids(queue.Order(q, t0, opts)); !equal(got, []string{"res", "od", "spot"}) {
 		t.Fatalf("order %v", got)
 	}
 }
 
 func TestHigherPriorityGoesFirstWithinAClass(t *testing.T) {
 	t.Parallel()
-	q := queue.New(queue.Options{})
-	q.Push(queue.Item{ID: "low", Tenant: "a", Class: placement.ClassOnDemand, Priority: 1, Enqueued: t0})
-	q.Push(queue.Item{ID: "high", Tenant: "b", Class: placement.ClassOnDemand, Priority: 9, Enqueued: t0.Add(time.Second)})
-	if got := ids(q.Ordered(t0.Add(time.Second))); !equal(got, []string{"high", "low"}) {
+	var q []queue.Item
+	opts := queue.Options{}
+	q = append(q, queue.Item{ID: "low", Tenant: "a", Class: placement.ClassOnDemand, Priority: 1, Enqueued: t0})
+	q = append(q, queue.Item{ID: "high", Tenant: "b", Class: placement.ClassOnDemand, Priority: 9, Enqueued: t0.Add(time.Second)})
+	if got := ids(queue.Order(q, t0.Add(time.Second), opts)); !equal(got, []string{"high", "low"}) {
 		t.Fatalf("order %v", got)
 	}
 }
 
 func TestAgingLetsAWaitingRequestOvertakeFresherHigherOnes(t *testing.T) {
 	t.Parallel()
-	o := queue.Options{AgingStep: time.Second}
-	q := queue.New(o)
-	q.Push(queue.Item{ID: "old-spot", Tenant: "a", Class: placement.ClassSpot, Enqueued: t0})
+	opts := queue.Options{AgingStep: time.Second}
+	var q []queue.Item
+	q = append(q, queue.Item{ID: "old-spot", Tenant: "a", Class: placement.ClassSpot, Enqueued: t0})
 	// Fresh on-demand requests keep arriving; the spot one has waited.
 	now := t0.Add(500 * time.Second)
-	q.Push(queue.Item{ID: "new-od", Tenant: "b", Class: placement.ClassOnDemand, Enqueued: now})
-	if got := ids(q.Ordered(now)); got[0] != "new-od" {
+	q = append(q, queue.Item{ID: "new-od", Tenant: "b", Class: placement.ClassOnDemand, Enqueued: now})
+	if got := ids(queue.Order(q, now, opts)); got[0] != "new-od" {
 		t.Fatalf("after 500 s on-demand still goes first: %v", got)
 	}
 	// After a class span of waiting (1001 s) the spot request goes first.
 	later := t0.Add(1002 * time.Second)
-	q.Push(queue.Item{ID: "newer-od", Tenant: "c", Class: placement.ClassOnDemand, Enqueued: later})
-	if got := ids(q.Ordered(later)); !equal(got, []string{"new-od", "old-spot", "newer-od"}) {
+	q = append(q, queue.Item{ID: "newer-od", Tenant: "c", Class: placement.ClassOnDemand, Enqueued: later})
+	if got := ids(queue.Order(q, later, opts)); !equal(got, []string{"new-od", "old-spot", "newer-od"}) {
 		t.Fatalf("a spot request waiting 1002 s must not starve: %v", got)
 	}
 }
 
 func TestOneTenantsBurstInterleavesWithOtherTenants(t *testing.T) {
 	t.Parallel()
-	q := queue.New(queue.Options{})
+	var q []queue.Item
+	opts := queue.Options{}
 	for i := range 100 {
-		q.Push(queue.Item{ID: string(rune('A'+i/26)) + string(rune('a'+i%26)), Tenant: "bursty", Class: placement.ClassOnDemand, Enqueued: t0})
+		q = append(q, queue.Item{ID: string(rune('A'+i/26)) + string(rune('a'+i%26)), Tenant: "bursty", Class: placement.ClassOnDemand, Enqueued: t0})
 	}
-	q.Push(queue.Item{ID: "z-other", Tenant: "quiet", Class: placement.ClassOnDemand, Enqueued: t0.Add(time.Millisecond)})
-	got := ids(q.Ordered(t0.Add(time.Millisecond)))
+	q = append(q, queue.Item{ID: "z-other", Tenant: "quiet", Class: placement.ClassOnDemand, Enqueued: t0.Add(time.Millisecond)})
+	got := ids(queue.Order(q, t0.Add(time.Millisecond), opts))
 	pos := -1
 	for i, id := range got {
 		if id == "z-other" {
@@ -86,18 +89,5 @@ func TestOneTenantsBurstInterleavesWithOtherTenants(t *testing.T) {
 	}
 	if pos > 1 {
 		t.Fatalf("the quiet tenant's request waits behind %d of the burst", pos)
-	}
-}
-
-func TestPushKeepsTheFirstEnqueueTimeAndRemoveForgets(t *testing.T) {
-	t.Parallel()
-	q := queue.New(queue.Options{})
-	q.Push(queue.Item{ID: "r", Tenant: "a", Class: placement.ClassSpot, Enqueued: t0})
-	q.Push(queue.Item{ID: "r", Tenant: "a", Class: placement.ClassSpot, Enqueued: t0.Add(time.Hour)})
-	if it, _ := q.Get("r"); !it.Enqueued.Equal(t0) || q.Len() != 1 {
-		t.Fatalf("re-push changed the item: %+v, len %d", it, q.Len())
-	}
-	if !q.Remove("r") || q.Remove("r") || q.Len() != 0 {
-		t.Fatal("remove")
 	}
 }

@@ -1,0 +1,242 @@
+package app
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/shizu-gpu/shizu/services/scheduler/ports"
+	"github.com/shizu-gpu/shizu/services/scheduler/round"
+	"github.com/shizu-gpu/shizu/services/scheduler/view"
+	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/fault"
+)
+
+// commitChunk is how many reserves one pipeline carries.
+const commitChunk = 64
+
+// committer reserves chunks of placed jobs through the Reserver while the
+// loop places the next ones: each chunk is one ReserveMany pipeline (its
+// reserves run in round order), up to CommitWorkers pipelines at once.
+// The loop must not touch a sent job's alloc or err until wait
+// returns.
+type committer struct {
+	reserver ports.Reserver
+	ctx      context.Context
+	chunks   chan []*job
+	workers  int
+	most     int
+	wg       sync.WaitGroup
+}
+
+func (s *Scheduler) startCommit(ctx context.Context) *committer {
+	return &committer{reserver: s.reserve, ctx: ctx, most: s.cfg.CommitWorkers,
+		chunks: make(chan []*job, s.cfg.BatchSize/commitChunk+1)}
+}
+
+// send queues a chunk, starting a worker while fewer than CommitWorkers
+// run.
+func (c *committer) send(chunk []*job) {
+	if len(chunk) == 0 {
+		return
+	}
+	if c.workers < c.most {
+		c.workers++
+		c.wg.Go(c.work)
+	}
+	c.chunks <- chunk
+}
+
+func (c *committer) work() {
+	ps := make([]capacity.Placement, 0, commitChunk)
+	for chunk := range c.chunks {
+		ps = ps[:0]
+		for _, j := range chunk {
+			ps = append(ps, placementOf(&j.Request, j.Placed))
+		}
+		for i, r := range c.reserver.ReserveMany(c.ctx, ps) {
+			chunk[i].alloc, chunk[i].err = r.Allocation, r.Err
+		}
+	}
+}
+
+// wait returns once every sent chunk is reserved (or refused).
+func (c *committer) wait() {
+	close(c.chunks)
+	c.wg.Wait()
+}
+
+// finishRound decides for the requests that found no room (on the loop:
+// it reads the view), then records the placed ones' outcomes and
+// publishes off the loop, so the next round places while this one's
+// outcomes are being recorded and its events stored; at most
+// maxPublishing rounds at once. What that finds about the view (a
+// reservation given back, one recorded elsewhere) comes back as fixes.
+func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now time.Time) {
+	b := s.pub.NewBatch()
+	var ok []*job
+	for _, j := range placed {
+		if j.err == nil {
+			j.facts = s.view.Facts(j.alloc.NodeID)
+			ok = append(ok, j)
+		}
+	}
+	s.handleNoFit(ctx, b, noFit, now)
+	// Rounds record their outcomes in the order they placed: a repeat of
+	// a request placed one round earlier finds that reservation (Existing)
+	// and must find its outcome recorded too, or it would take the
+	// outcome and the earlier round, seeing the outcome taken by another,
+	// would give back the one reservation both announce.
+	prev, mine := s.claimed, make(chan struct{})
+	s.claimed = mine
+	s.publishing <- struct{}{}
+	s.publishers.Go(func() {
+		defer func() { <-s.publishing }()
+		if prev != nil {
+			<-prev
+		}
+		fixes := s.recordScheduled(ctx, b, ok, now)
+		close(mine)
+		s.view.Post(fixes...)
+		err := b.Wait(ctx)
+		for _, j := range append(placed, noFit...) {
+			if j.err == nil {
+				j.err = err
+			}
+			if j.err != nil && !fault.IsInvalid(j.err) {
+				s.d.Log.WarnContext(ctx, "scheduling failed; the request is retried", "rental", j.Request.ID, "err", j.err)
+			}
+			if j.outcome == round.OutcomeScheduled && j.err == nil {
+				s.metrics.latency(ctx, j, s.d.Now())
+			}
+			j.done <- j.err
+		}
+	})
+}
+
+// recordScheduled records the outcome of reserved requests and queues
+// their events. Where another replica or a cancel decided first
+// (round.KeepReservation), it gives the capacity back. It runs off the
+// loop: it reads only the jobs and their facts, and returns the fixes for
+// the loop's view.
+func (s *Scheduler) recordScheduled(ctx context.Context, b ports.Batch, ok []*job, now time.Time) []view.Fix {
+	if len(ok) == 0 {
+		return nil
+	}
+	ids := make([]string, len(ok))
+	allocs := make([]string, len(ok))
+	classes := make([]ports.Class, len(ok))
+	for i, j := range ok {
+		ids[i], allocs[i], classes[i] = ports.AttemptKey(j.Request.ID, j.Attempt), ports.AllocToken(j.alloc), ports.Class{Class: j.Request.Class, Priority: j.Request.Priority}
+	}
+	outcomes, err := s.rec.Claim(ctx, ids, round.OutcomeScheduled, allocs, classes)
+	if err != nil {
+		for _, j := range ok {
+			j.err = err
+		}
+		return nil
+	}
+	var fixes []view.Fix
+	for i, j := range ok {
+		j.outcome = outcomes[i].Outcome
+		if !round.KeepReservation(outcomes[i], allocs[i], j.alloc.Existing) {
+			j.outcome = ""
+			if _, rerr := s.reserve.Release(ctx, j.Request.ID); rerr != nil {
+				j.err = rerr
+			}
+			fixes = append(fixes, view.Fix{Node: j.Placed.NodeID, Rental: j.Request.ID})
+			continue
+		}
+		if j.alloc.Existing {
+			// Placed before (a redelivery, or another replica): publish
+			// what the store recorded; the view is fixed on next refresh.
+			fixes = append(fixes, view.Fix{Node: j.Placed.NodeID, Rental: j.Request.ID, Stale: j.alloc.NodeID})
+		}
+		sched := scheduledOf(j.Event, j.alloc, j.facts, max(j.Attempt, 1), s.source, now)
+		if j.err = s.queueScheduled(ctx, b, sched); j.err != nil {
+			continue
+		}
+		if outcomes[i].Won { // a redelivery publishes again but is not a new outcome
+			s.metrics.outcome(ctx, "scheduled")
+		}
+	}
+	return fixes
+}
+
+// handleNoFit records and publishes what round.DecideNoFit decides for the
+// requests that fit nowhere: a request decided already (a duplicate
+// delivery of a rental scheduled, rejected or cancelled meanwhile) says
+// nothing; the waiting ones are stored in the pending set with their
+// preemptions and shortages published; the expired ones are rejected.
+func (s *Scheduler) handleNoFit(ctx context.Context, b ports.Batch, jobs []*job, now time.Time) {
+	keys := make([]string, len(jobs))
+	for i, j := range jobs {
+		keys[i] = ports.AttemptKey(j.Request.ID, j.Attempt)
+	}
+	decided, err := s.rec.Decided(ctx, keys)
+	if err != nil {
+		for _, j := range jobs {
+			j.err = err
+		}
+		return
+	}
+	for i, j := range jobs {
+		j.Decided = decided[i]
+	}
+	plan := round.DecideNoFit(s.view, jobs, now, s.plan)
+	for _, f := range plan.Failed {
+		f.Job.err = f.Err
+	}
+	if !plan.NextDeadline.IsZero() && (s.nextDeadline.IsZero() || plan.NextDeadline.Before(s.nextDeadline)) {
+		s.nextDeadline = plan.NextDeadline
+	}
+	pending := make([]ports.PendingEntry, 0, len(plan.Pending))
+	for _, p := range plan.Pending {
+		j := p.Job
+		if p.Preempt != nil {
+			if err := s.queuePreemption(ctx, b, j, p.Preempt, now); err != nil {
+				j.err = err
+				continue
+			}
+		}
+		pending = append(pending, ports.PendingEntry{Event: j.Event, Reason: p.Reason, PreemptUntil: p.PreemptUntil, Attempt: j.Attempt})
+		if err := s.queuePending(ctx, b, p, now); err != nil {
+			j.err = err
+			continue
+		}
+		s.metrics.outcome(ctx, "pending")
+	}
+	if err := s.rec.PutPending(ctx, pending); err != nil {
+		for _, j := range jobs {
+			j.err = err
+		}
+		return
+	}
+	s.rejectExpired(ctx, b, plan.Reject)
+}
+
+// rejectExpired claims the rejection of requests whose deadline passed
+// and queues the RentalRejected of each one it wins.
+func (s *Scheduler) rejectExpired(ctx context.Context, b ports.Batch, rejects []round.Reject[*job]) {
+	if len(rejects) == 0 {
+		return
+	}
+	ids := make([]string, len(rejects))
+	for i, r := range rejects {
+		ids[i] = ports.AttemptKey(r.Job.Request.ID, r.Job.Attempt)
+	}
+	got, err := s.rec.Claim(ctx, ids, round.OutcomeRejected, nil, nil)
+	if err != nil {
+		for _, r := range rejects {
+			r.Job.err = err
+		}
+		return
+	}
+	for i, r := range rejects {
+		if got[i].Outcome != round.OutcomeRejected {
+			continue
+		}
+		r.Job.err = s.queueRejected(ctx, b, r.Job.Event, r.Reason, r.Message)
+		s.metrics.outcome(ctx, "rejected")
+	}
+}

@@ -1,0 +1,271 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/services/scheduler/round"
+	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/fault"
+)
+
+// maxPublishing is how many rounds may await their acks at once.
+const maxPublishing = 4
+
+// Run is the scheduling loop; it returns when ctx ends, once the events of
+// every round are acknowledged.
+func (s *Scheduler) Run(ctx context.Context) {
+	tick := time.NewTicker(s.cfg.PendingRetry)
+	defer tick.Stop()
+	defer s.publishers.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case jobs := <-s.in:
+			batch := append(make([]*job, 0, max(len(jobs), s.cfg.BatchSize)), jobs...)
+		fill:
+			for len(batch) < s.cfg.BatchSize {
+				select {
+				case jobs := <-s.in:
+					batch = append(batch, jobs...)
+				default:
+					break fill
+				}
+			}
+			for start := 0; start < len(batch); start += s.cfg.BatchSize {
+				s.round(ctx, batch[start:min(len(batch), start+s.cfg.BatchSize)])
+			}
+		case id := <-s.changed:
+			if err := s.refreshNode(ctx, id); err != nil {
+				s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
+			}
+		case <-tick.C:
+			s.retryPending(ctx, false)
+		case <-s.kick:
+			s.retryPending(ctx, true)
+		}
+	}
+}
+
+// refresh reads the whole store into the view.
+func (s *Scheduler) refresh(ctx context.Context) error {
+	snap, err := s.d.Store.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for i := range snap.Nodes {
+		for _, a := range snap.Nodes[i].Allocations {
+			ids = append(ids, a.RentalID)
+		}
+	}
+	classes, err := s.rec.Classes(ctx, ids)
+	if err != nil {
+		return err
+	}
+	nodes := make([]placement.Node, len(snap.Nodes))
+	for i := range snap.Nodes {
+		nodes[i] = nodeOf(&snap.Nodes[i], classes)
+	}
+	s.view.Reset(nodes, snap.Version, s.d.Now())
+	s.metrics.fragmentation(s.view.Fragmentation())
+	s.metrics.refreshed(ctx)
+	return nil
+}
+
+// refreshNode re-reads one node after a refused reserve.
+func (s *Scheduler) refreshNode(ctx context.Context, id string) error {
+	st, err := s.d.Store.Node(ctx, id)
+	if capacity.IsNotFound(err) {
+		s.view.NodeGone(id)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for _, a := range st.Allocations {
+		ids = append(ids, a.RentalID)
+	}
+	classes, err := s.rec.Classes(ctx, ids)
+	if err != nil {
+		return err
+	}
+	s.view.SetNode(nodeOf(&st, classes))
+	return nil
+}
+
+// ensureFresh refreshes the view when the store moved and the view is
+// older than SnapshotMaxAge (or at once with force).
+func (s *Scheduler) ensureFresh(ctx context.Context, force bool) error {
+	if s.view.RefreshedAt().IsZero() {
+		return s.refresh(ctx)
+	}
+	if !force && s.d.Now().Sub(s.view.RefreshedAt()) < s.cfg.SnapshotMaxAge {
+		return nil
+	}
+	v, err := s.d.Store.Version(ctx)
+	if err != nil {
+		return err
+	}
+	if v == s.view.Version() {
+		return nil
+	}
+	return s.refresh(ctx)
+}
+
+// retryPending runs a round over the pending set when capacity may have
+// freed (the store moved) or a deadline may have passed.
+func (s *Scheduler) retryPending(ctx context.Context, kicked bool) {
+	v, err := s.d.Store.Version(ctx)
+	if err != nil {
+		s.d.Log.WarnContext(ctx, "read store version", "err", err)
+		return
+	}
+	now := s.d.Now()
+	if v == s.lastRetry && !kicked && now.Before(s.nextDeadline) {
+		return // nothing freed and no deadline passed: skip reading the set
+	}
+	entries, bad, err := s.rec.Pending(ctx)
+	if err != nil {
+		s.d.Log.WarnContext(ctx, "read pending requests", "err", err)
+		return
+	}
+	if len(bad) > 0 {
+		s.d.Log.ErrorContext(ctx, "dropping undecodable pending entries", "count", len(bad))
+		_ = s.rec.DropPending(ctx, bad...)
+	}
+	s.lastRetry = v
+	s.nextDeadline = now.Add(s.cfg.PendingTimeout)
+	var jobs []*job
+	for _, e := range entries {
+		j := &job{Job: round.NewJob(e.Event, requestOf(e.Event), max(e.Attempt, 1), s.plan), done: make(chan error, 1)}
+		j.FromPending, j.PreemptUntil, j.Reason = true, e.PreemptUntil, e.Reason
+		if j.Deadline.Before(s.nextDeadline) {
+			s.nextDeadline = j.Deadline
+		}
+		if !e.PreemptUntil.IsZero() && now.Before(e.PreemptUntil) && e.PreemptUntil.Before(s.nextDeadline) {
+			s.nextDeadline = e.PreemptUntil
+		}
+		jobs = append(jobs, j)
+	}
+	for start := 0; start < len(jobs); start += s.cfg.BatchSize {
+		s.round(ctx, jobs[start:min(len(jobs), start+s.cfg.BatchSize)])
+	}
+}
+
+// maxPasses bounds how often one round re-places requests whose reserve
+// was refused (another replica took the capacity first).
+const maxPasses = 4
+
+// round places a batch of requests: order them (level one), place each on
+// the view (level two), commit the reservations in parallel, re-place the
+// refused ones on fresh node state, record the outcomes, and publish. It
+// runs round.Plan's steps with the commit between them. Each job's done
+// gets nil once its outcome is published, or the error that should
+// redeliver it.
+func (s *Scheduler) round(ctx context.Context, batch []*job) {
+	// A rental asked for twice in one round (a redelivery) is placed once
+	// here; its copies follow in a round of their own, which finds its
+	// reservation and its recorded outcome.
+	batch, again := round.FirstOfEach(batch)
+	if len(again) > 0 {
+		defer s.round(ctx, again)
+	}
+	start := s.d.Now()
+	s.view.ApplyFixes()
+	if err := s.ensureFresh(ctx, false); err != nil {
+		finish(batch, err)
+		return
+	}
+	round.Order(batch, start, s.plan)
+	for _, j := range batch {
+		if !j.FromPending {
+			s.view.Observe(&j.Request)
+		}
+	}
+	w := s.view.Workload()
+	s.plan.Placer.SetWorkload(&w)
+	defer func() { s.metrics.fragmentation(s.view.Fragmentation()) }()
+
+	todo := batch
+	var placed, noFit []*job
+	refreshed := false
+	for pass := 0; pass < maxPasses && len(todo) > 0; pass++ {
+		refused, none, done := s.placeAndCommit(ctx, todo, start)
+		placed, noFit, todo = append(placed, done...), append(noFit, none...), refused
+		for _, id := range s.view.TakeStale() {
+			if err := s.refreshNode(ctx, id); err != nil {
+				s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
+			}
+		}
+		// Requests that found no room while the store moved get one more
+		// pass on a fresh view.
+		if len(todo) == 0 && len(noFit) > 0 && !refreshed && pass < maxPasses-1 {
+			refreshed = true
+			if v, err := s.d.Store.Version(ctx); err == nil && v != s.view.Version() {
+				if err := s.refresh(ctx); err == nil {
+					todo, noFit = noFit, nil
+				}
+			}
+		}
+	}
+	for _, j := range todo { // still refused after maxPasses: try again later
+		j.err = fault.Unavailable("placement of %s refused %d times; retrying", j.Request.ID, maxPasses)
+		placed = append(placed, j)
+	}
+	s.finishRound(ctx, placed, noFit, start)
+}
+
+// placeAndCommit places each job on the view (round.Place) and reserves
+// the placed ones, a chunk of commitChunk placements reserved while the
+// next chunk is being placed. It returns the jobs whose reserve the store
+// refused (taken out of the view again, their nodes marked stale), the
+// ones that fit nowhere, and the finished ones (reserved, or with an
+// error).
+func (s *Scheduler) placeAndCommit(ctx context.Context, todo []*job, at time.Time) (refused, noFit, finished []*job) {
+	var commit []*job
+	cm := s.startCommit(ctx)
+	chunk := 0
+	for _, j := range todo {
+		switch err := round.Place(s.view, &j.Job, at, s.plan); {
+		case err == nil:
+			commit = append(commit, j)
+			if len(commit)-chunk == commitChunk {
+				cm.send(commit[chunk:])
+				chunk = len(commit)
+			}
+		case errors.Is(err, round.ErrNoFit):
+			noFit = append(noFit, j)
+		default:
+			j.err = fault.Invalid("%w", err)
+			finished = append(finished, j) // finished with an error
+		}
+	}
+	cm.send(commit[chunk:])
+	cm.wait()
+	for _, j := range commit {
+		switch {
+		case j.err == nil:
+			finished = append(finished, j)
+		case capacity.IsInsufficient(j.err) || capacity.IsFenced(j.err) || capacity.IsConflict(j.err) || capacity.IsNotFound(j.err):
+			s.metrics.conflict(ctx)
+			s.view.Remove(j.Placed.NodeID, j.Request.ID)
+			s.view.MarkStale(j.Placed.NodeID)
+			j.err = nil
+			refused = append(refused, j)
+		default:
+			finished = append(finished, j) // transient: redeliver
+		}
+	}
+	return refused, noFit, finished
+}
+
+func finish(jobs []*job, err error) {
+	for _, j := range jobs {
+		j.done <- err
+	}
+}

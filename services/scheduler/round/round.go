@@ -1,0 +1,322 @@
+// Package round decides one scheduling round of the scheduler: which
+// requests are answered at once (admission), in which order a batch is
+// tried, where each one is placed on the loop's view, and what becomes of
+// the ones that fit nowhere (pending with a deadline, a preemption of spot
+// rentals, a rejection once the deadline passed), and whether a reservation
+// stays once its outcome is claimed. It is pure: it imports neither NATS,
+// Redis nor the OTel SDK, and takes the time and the view as values, so
+// [Plan] with the same input always gives the same plan. The scheduler's
+// app commits, records and publishes what it decides.
+package round
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/services/scheduler/queue"
+	"github.com/shizu-gpu/shizu/services/scheduler/view"
+	"github.com/shizu-gpu/shizu/shared/fault"
+)
+
+// Config is what the decisions depend on besides the view and the time.
+type Config struct {
+	// Placer places and plans preemptions (it carries the policy).
+	Placer *placement.Placer
+	// AgingStep is the wait worth one priority point (level one).
+	AgingStep time.Duration
+	// PendingTimeout: a request not placed this long after it was made is
+	// rejected.
+	PendingTimeout time.Duration
+	// PreemptionNotice is the time a preempted spot rental gets to stop.
+	PreemptionNotice time.Duration
+}
+
+// Job is one request in a round.
+type Job struct {
+	Event   *shizuv1.RentalRequested
+	Request placement.Request
+	// Attempt is the placement number: 1 for a new request, n+1 for a
+	// rental failover moves off its node after attempt n.
+	Attempt  int32
+	Enqueued time.Time
+	Deadline time.Time
+	// FromPending: the request already waits in the pending set, with
+	// Reason and PreemptUntil as said then.
+	FromPending  bool
+	Reason       shizuv1.PendingReason
+	PreemptUntil time.Time
+	// Decided: an outcome is recorded for this attempt already (a
+	// duplicate of a request decided meanwhile); filled in by the caller
+	// before DecideNoFit.
+	Decided bool
+	// Placed is where Place put the request.
+	Placed placement.Placement
+}
+
+// NewJob is a job for a request made at its meta's occurred_at.
+func NewJob(ev *shizuv1.RentalRequested, r placement.Request, attempt int32, cfg Config) Job {
+	enq := ev.GetMeta().GetOccurredAt().AsTime()
+	return Job{Event: ev, Request: r, Attempt: attempt, Enqueued: enq, Deadline: enq.Add(cfg.PendingTimeout)}
+}
+
+// Planning is the job itself; the caller's own job types embed Job and so
+// satisfy [Planned].
+func (j *Job) Planning() *Job { return j }
+
+// Planned is anything that carries a Job.
+type Planned interface{ Planning() *Job }
+
+// FirstOfEach splits a batch into the first job of each placement (rental
+// and attempt) and the repeats: a rental asked for twice in one round (a
+// redelivery) is placed once, its copies follow in a round of their own.
+func FirstOfEach[J Planned](batch []J) (first, again []J) {
+	type key struct {
+		rental  string
+		attempt int32
+	}
+	seen := make(map[key]bool, len(batch))
+	first = batch[:0:len(batch)]
+	for _, j := range batch {
+		p := j.Planning()
+		k := key{p.Request.ID, max(p.Attempt, 1)}
+		if seen[k] {
+			again = append(again, j)
+			continue
+		}
+		seen[k] = true
+		first = append(first, j)
+	}
+	return first, again
+}
+
+// Order sorts a batch by the level-one queue order at now (class, then
+// priority with aging, then age, with the per-tenant penalty).
+func Order[J Planned](batch []J, now time.Time, cfg Config) {
+	items := make([]queue.Item, len(batch))
+	for i, j := range batch {
+		p := j.Planning()
+		items[i] = queue.Item{ID: p.Request.ID, Tenant: p.Request.Tenant, Class: p.Request.Class, Priority: p.Request.Priority,
+			Enqueued: p.Enqueued, Value: j}
+	}
+	queue.Order(items, now, queue.Options{AgingStep: cfg.AgingStep})
+	for i, it := range items {
+		batch[i] = it.Value.(J)
+	}
+}
+
+// ErrNoFit is Place's answer for a request that fits on no node of the view.
+var ErrNoFit = placement.ErrNoFit
+
+// Place places a job on the view and books it there (j.Placed), or returns
+// an error: [ErrNoFit] when no node has room, any other when the request
+// cannot be placed at all.
+func Place(v *view.View, j *Job, at time.Time, cfg Config) error {
+	p, err := cfg.Placer.Place(v.Cluster(), &j.Request)
+	if err != nil {
+		return err
+	}
+	j.Placed = p
+	v.Apply(&j.Request, p, at)
+	return nil
+}
+
+// Pending is a request that found no room and waits.
+type Pending[J Planned] struct {
+	Job          J
+	Reason       shizuv1.PendingReason
+	PreemptUntil time.Time
+	// Preempt is the preemption started for it this round (nil: none).
+	Preempt *Preempt
+	// Missing is what the fleet lacks for it.
+	Missing placement.Missing
+}
+
+// Shortage reports whether the wait is reported as a capacity shortage:
+// it waits for capacity, not for a preemption.
+func (p Pending[J]) Shortage() bool {
+	return p.Reason == shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY
+}
+
+// Message is what the tenant is told about the wait.
+func (p Pending[J]) Message() string {
+	if p.Reason == shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION {
+		return "waiting for spot rentals to be preempted: " + Describe(&p.Job.Planning().Request)
+	}
+	return "waiting for capacity: " + Describe(&p.Job.Planning().Request)
+}
+
+// Preempt is the eviction of spot rentals from one node.
+type Preempt struct {
+	NodeID    string
+	NodeEpoch uint64
+	Victims   []placement.Allocation
+	// NoticeDeadline is when the victims must have stopped.
+	NoticeDeadline time.Time
+}
+
+// Reject is a request that ends rejected.
+type Reject[J Planned] struct {
+	Job     J
+	Reason  shizuv1.RejectReason
+	Message string
+}
+
+// Failure is a request the round could not decide; it is tried again.
+type Failure[J Planned] struct {
+	Job J
+	Err error
+}
+
+// NoFit is what becomes of the requests that fit nowhere.
+type NoFit[J Planned] struct {
+	Pending []Pending[J]
+	Reject  []Reject[J]
+	Failed  []Failure[J]
+	// NextDeadline is the earliest deadline of the requests that wait
+	// (zero when none).
+	NextDeadline time.Time
+}
+
+// DecideNoFit decides for requests that fit nowhere, in their order:
+// decided ones say nothing; past the deadline, rejected; waiting for a
+// preemption started earlier, still waiting; an on-demand or reserved
+// request that evicting spot rentals makes fit starts a preemption and
+// waits; otherwise it waits with a capacity shortage. A request from the
+// pending set with nothing new to say is left out.
+func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) NoFit[J] {
+	var out NoFit[J]
+	for _, jj := range jobs {
+		j := jj.Planning()
+		if j.Decided {
+			continue
+		}
+		if now.After(j.Deadline) {
+			out.Reject = append(out.Reject, Reject[J]{Job: jj, Reason: shizuv1.RejectReason_REJECT_REASON_PENDING_TIMEOUT,
+				Message: fmt.Sprintf("no capacity for %s within %s", Describe(&j.Request), cfg.PendingTimeout)})
+			continue
+		}
+		p := Pending[J]{Job: jj, Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY, PreemptUntil: j.PreemptUntil}
+		if now.Before(j.PreemptUntil) {
+			p.Reason = shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION
+		} else if plan, ok := cfg.Placer.PlanPreemption(v.Cluster(), &j.Request, now); ok {
+			node, ok := v.Node(plan.NodeID)
+			if !ok {
+				out.Failed = append(out.Failed, Failure[J]{Job: jj, Err: fault.Unavailable("node %s left the view", plan.NodeID)})
+				continue
+			}
+			p.Preempt = &Preempt{NodeID: node.ID, NodeEpoch: node.Epoch, Victims: plan.Victims,
+				NoticeDeadline: now.Add(cfg.PreemptionNotice)}
+			p.Reason = shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION
+			p.PreemptUntil = now.Add(2 * cfg.PreemptionNotice)
+		}
+		if j.FromPending && p.Reason == j.Reason && p.PreemptUntil.Equal(j.PreemptUntil) {
+			continue // nothing new to say
+		}
+		if out.NextDeadline.IsZero() || j.Deadline.Before(out.NextDeadline) {
+			out.NextDeadline = j.Deadline
+		}
+		p.Missing = cfg.Placer.Shortage(v.Cluster(), &j.Request)
+		out.Pending = append(out.Pending, p)
+	}
+	return out
+}
+
+// RoundPlan is what one round decides when every reservation is granted.
+type RoundPlan[J Planned] struct {
+	// Order is the first job of each placement, in the order tried.
+	Order []J
+	// Reserve are the jobs placed on the view (each one's Placed), in the
+	// order to reserve them.
+	Reserve []J
+	// Again are the repeats of a placement, left to a round of their own.
+	Again []J
+	// Invalid are the jobs no node could ever take.
+	Invalid []Failure[J]
+	NoFit[J]
+}
+
+// Plan decides a round over jobs on the view at now: first of each, in
+// queue order, placed one after the other on the view (which then holds
+// the reservations), and the requests that fit nowhere decided after
+// every placement.
+func Plan[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) RoundPlan[J] {
+	var out RoundPlan[J]
+	first, again := FirstOfEach(jobs)
+	Order(first, now, cfg)
+	out.Order, out.Again = first, again
+	var noFit []J
+	for _, j := range first {
+		switch err := Place(v, j.Planning(), now, cfg); {
+		case err == nil:
+			out.Reserve = append(out.Reserve, j)
+		case errors.Is(err, ErrNoFit):
+			noFit = append(noFit, j)
+		default:
+			out.Invalid = append(out.Invalid, Failure[J]{Job: j, Err: err})
+		}
+	}
+	out.NoFit = DecideNoFit(v, noFit, now, cfg)
+	return out
+}
+
+// Describe is a request's shape in words.
+func Describe(r *placement.Request) string {
+	s := fmt.Sprintf("%d GPU(s) of %d milli", r.GPUCount, r.MilliPerGPU)
+	if r.NVLink {
+		s += " over NVLink"
+	}
+	if r.MIGProfile != "" {
+		s += " as MIG " + r.MIGProfile
+	}
+	if len(r.Models) > 0 {
+		s += fmt.Sprintf(" of %v", r.Models)
+	}
+	return s
+}
+
+// Outcomes a rental request ends with. Exactly one is recorded per
+// placement attempt: the replica that records it acts on it, any other
+// replica that reserved capacity for the same attempt gives it back.
+const (
+	OutcomeScheduled = "scheduled"
+	OutcomeRejected  = "rejected"
+	OutcomeCancelled = "cancelled"
+)
+
+// Claim is the outcome recorded for an attempt, whether this claim
+// recorded it, and for a scheduled outcome the allocation it announced.
+type Claim struct {
+	Outcome string
+	Won     bool
+	// Alloc is the token of the allocation announced; "" when none was
+	// named.
+	Alloc string
+}
+
+// KeepReservation says whether a reservation stays after its outcome
+// claim. token names the reservation (its node and creation instant) and
+// existing says the store handed back one it held already. It is given
+// back when another outcome was recorded first (a cancel, a timeout), and
+// when this is a redelivery of a rental scheduled before whose allocation
+// is gone (it ran and stopped): the new reservation must not outlive it.
+// A scheduled outcome that names this very allocation is another replica's
+// announcement of it (that replica got this reservation back as existing
+// and recorded first): it stays, it is the one the rental runs on.
+func KeepReservation(c Claim, token string, existing bool) bool {
+	switch {
+	case c.Outcome != OutcomeScheduled:
+		return false
+	case c.Won:
+		return true
+	case c.Alloc == "": // recorded before outcomes named their allocation
+		return existing
+	default:
+		// An existing allocation carries the stored creation time, so a
+		// true redelivery matches; one reserved after the announced
+		// allocation was released does not, existing or not.
+		return c.Alloc == token
+	}
+}
