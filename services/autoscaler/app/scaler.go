@@ -23,6 +23,7 @@ import (
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/rent"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -325,16 +326,6 @@ func (s *scaler) onTelemetry(_ context.Context, ev *shizuv1.NodeTelemetry, _ bus
 	return nil
 }
 
-func marketOf(m shizuv1.Market) fleet.Market {
-	switch m {
-	case shizuv1.Market_MARKET_SPOT:
-		return fleet.Spot
-	case shizuv1.Market_MARKET_ON_DEMAND:
-		return fleet.OnDemand
-	}
-	return ""
-}
-
 // onShortage provisions nodes for rentals the scheduler cannot place.
 func (s *scaler) onShortage(ctx context.Context, ev *shizuv1.CapacityShortage, _ bus.Delivery) error {
 	if len(s.file.Fleet.InstanceTypes) == 0 || s.prov == nil {
@@ -343,7 +334,7 @@ func (s *scaler) onShortage(ctx context.Context, ev *shizuv1.CapacityShortage, _
 	}
 	miss := ev.GetMissing()
 	sh := fleet.Shortage{EventID: ev.GetMeta().GetEventId(), GPUCount: int(miss.GetGpuCount()), Models: miss.GetModels(),
-		Zone: miss.GetZone(), Market: marketOf(miss.GetMarket()), Rentals: ev.GetRentalIds()}
+		Zone: miss.GetZone(), Market: rent.MarketOf(miss.GetMarket()), Rentals: ev.GetRentalIds()}
 	return s.provisionFor(ctx, sh, subject.FleetPool, "")
 }
 
@@ -391,7 +382,7 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 	if why != "" {
 		plan.Reason = why + "; " + plan.Reason
 	}
-	ids, err := s.prov.Provision(ctx, plan.InstanceType.Name, provider.Market(plan.Market), plan.Zone, plan.Count)
+	ids, err := s.prov.Provision(ctx, plan.InstanceType.Name, plan.Market, plan.Zone, plan.Count)
 	if errors.Is(err, provider.ErrInsufficientCapacity) && plan.Market == fleet.Spot && sh.Market == "" {
 		// Spot is short and the rentals take either market: on-demand.
 		s.markSpotShort(ctx, now)
@@ -409,7 +400,7 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 	}
 	recs := make([]provisionedNode, len(ids))
 	for i, id := range ids {
-		recs[i] = provisionedNode{ID: id, InstanceType: plan.InstanceType.Name, Market: provider.Market(plan.Market),
+		recs[i] = provisionedNode{ID: id, InstanceType: plan.InstanceType.Name, Market: plan.Market,
 			Zone: plan.Zone, Pool: poolID, CreatedAt: now}
 	}
 	if err := s.fleet.addNodes(context.WithoutCancel(ctx), recs); err != nil {
@@ -423,10 +414,7 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 	if err != nil {
 		return fault.Invalid("pool %s: %v", poolID, err)
 	}
-	m := shizuv1.Market_MARKET_ON_DEMAND
-	if plan.Market == fleet.Spot {
-		m = shizuv1.Market_MARKET_SPOT
-	}
+	m := plan.Market.Proto() // PlanProvision always names a market
 	_, err = s.pub.Publish(ctx, subj, &shizuv1.NodeProvisionRequested{
 		Meta: &shizuv1.EventMeta{EventId: "provision:" + sh.EventID, OccurredAt: timestamppb.New(now), Source: topology.Autoscaler,
 			CausationId: sh.EventID, CorrelationId: poolID},

@@ -11,15 +11,17 @@ import (
 	"time"
 
 	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
-// Market is how a node is bought ("on-demand" or "spot").
-type Market string
+// Market is how a node is bought ("on-demand" or "spot"): Shizu's one
+// market vocabulary, shared/rent.
+type Market = rent.Market
 
 // Markets.
 const (
-	OnDemand Market = "on-demand"
-	Spot     Market = "spot"
+	OnDemand = rent.OnDemand
+	Spot     = rent.Spot
 )
 
 // Node is one node a provider runs.
