@@ -101,7 +101,7 @@ func (c Class) String() string {
 	case ClassReserved:
 		return "reserved"
 	}
-	return fmt.Sprintf("class(%d)", int(c))
+	return "unknown"
 }
 
 // ParsePlan reads a plan name as a tenant writes it: "on-demand" (also

@@ -19,17 +19,16 @@ import (
 // it is recorded, naming the variable, the value and what was expected,
 // and reported by Config.Validate with every other problem.
 type Flags struct {
-	fs     *flag.FlagSet
-	prefix string
-	errs   *[]error
+	fs      *flag.FlagSet
+	service string
+	errs    *[]error
 }
 
-// EnvPrefix is the start of the variables of service name's flags:
-// "SHIZU_NODE_AGENT_" for "node-agent".
-func EnvPrefix(name string) string { return "SHIZU_" + envToken(name) + "_" }
-
-// EnvVar is the variable of flag on service name: SHIZU_<SERVICE>_<FLAG>.
-func EnvVar(service, flagName string) string { return EnvPrefix(service) + envToken(flagName) }
+// EnvVar is the variable of flag on service name: SHIZU_<SERVICE>_<FLAG>
+// (SHIZU_NODE_AGENT_HEARTBEAT_TTL for -heartbeat-ttl of "node-agent").
+func EnvVar(service, flagName string) string {
+	return "SHIZU_" + envToken(service) + "_" + envToken(flagName)
+}
 
 func envToken(s string) string { return strings.ToUpper(strings.ReplaceAll(s, "-", "_")) }
 
@@ -37,7 +36,7 @@ func envToken(s string) string { return strings.ToUpper(strings.ReplaceAll(s, "-
 // variables start with SHIZU_<c.Name>_ and their parse errors are
 // reported by c.Validate.
 func (c *Config) Flags(fs *flag.FlagSet) *Flags {
-	return &Flags{fs: fs, prefix: EnvPrefix(c.Name), errs: &c.envErrs}
+	return &Flags{fs: fs, service: c.Name, errs: &c.envErrs}
 }
 
 // FlagOption adjusts one flag's binding.
@@ -113,7 +112,7 @@ func (f *Flags) bind(name, expected string, opts []FlagOption) {
 		o(&b)
 	}
 	fl := f.fs.Lookup(name)
-	vars := append([]string{f.prefix + envToken(name)}, b.aliases...)
+	vars := append([]string{EnvVar(f.service, name)}, b.aliases...)
 	fl.Usage = fmt.Sprintf("%s [%s]", fl.Usage, strings.Join(vars, ", "))
 	for _, key := range vars {
 		v, ok := os.LookupEnv(key)

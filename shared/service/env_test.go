@@ -154,3 +154,33 @@ func TestEveryFlagOfAServiceHasAVariableShownInItsHelp(t *testing.T) {
 		t.Errorf("-nats-url help %q does not name its alias", u)
 	}
 }
+
+// words is a flag.Value: a command split on spaces.
+type words []string
+
+func (w *words) String() string { return strings.Join(*w, " ") }
+func (w *words) Set(v string) error {
+	if strings.TrimSpace(v) == "" {
+		return errors.New("empty command")
+	}
+	*w = strings.Fields(v)
+	return nil
+}
+
+func TestAnyFlagValueIsBoundAndSaysWhatItExpects(t *testing.T) {
+	t.Setenv("SHIZU_DEFAULT_COMMAND", "sleep 60")
+	cfg := service.Defaults("node-agent")
+	cmd := words{"sleep", "infinity"}
+	cfg.Flags(flag.NewFlagSet("node-agent", flag.ContinueOnError)).Var(&cmd, "default-command", "command of a rental that names none",
+		service.Alias("SHIZU_DEFAULT_COMMAND"), service.Expect("a command, e.g. \"sleep infinity\""))
+	if cmd.String() != "sleep 60" {
+		t.Fatalf("command %q from SHIZU_DEFAULT_COMMAND", cmd.String())
+	}
+	t.Setenv("SHIZU_NODE_AGENT_DEFAULT_COMMAND", " ")
+	cfg = service.Defaults("node-agent")
+	cfg.Flags(flag.NewFlagSet("node-agent", flag.ContinueOnError)).Var(&cmd, "default-command", "command of a rental that names none",
+		service.Alias("SHIZU_DEFAULT_COMMAND"), service.Expect("a command, e.g. \"sleep infinity\""))
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `SHIZU_NODE_AGENT_DEFAULT_COMMAND: " " is not a command, e.g. "sleep infinity"`) {
+		t.Fatalf("Validate = %v", err)
+	}
+}

@@ -51,7 +51,9 @@ func WithoutUsers() PlatformOption { return func(p *platform) { p.users = false 
 func WithoutStreams() PlatformOption { return func(p *platform) { p.provision = false } }
 
 // WithHeartbeats provisions the node heartbeat bucket with ttl too.
-func WithHeartbeats(ttl time.Duration) PlatformOption { return func(p *platform) { p.heartbeatTTL = ttl } }
+func WithHeartbeats(ttl time.Duration) PlatformOption {
+	return func(p *platform) { p.heartbeatTTL = ttl }
+}
 
 // OnNATS uses a NATS server the test started itself (with users, as
 // Platform would; see Password) instead of starting one.

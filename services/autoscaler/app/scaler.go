@@ -264,14 +264,14 @@ func (s *scaler) apply(ctx context.Context, pool policy.Pool, rec *poolRecord, d
 		Reason: fmt.Sprintf("%s; new replicas on %s (%s)", d.Reason, d.Market, d.MarketRule)}
 	subj, err := subject.Format(subject.ScaleDecided, pool.ID)
 	if err != nil {
-		return fault.Invalid("pool %s: %v", pool.ID, err)
+		return fault.Invalid("pool %s: %w", pool.ID, err)
 	}
 	if _, err := s.pub.Publish(ctx, subj, decided); err != nil {
 		return err
 	}
 	rentalSubj, err := subject.Format(subject.RentalRequested, pool.Tenant)
 	if err != nil {
-		return fault.Invalid("pool %s tenant: %v", pool.ID, err)
+		return fault.Invalid("pool %s tenant: %w", pool.ID, err)
 	}
 	cancelSubj, _ := subject.Format(subject.RentalCancelRequested, pool.Tenant)
 	for len(rec.Rentals) < d.To {
@@ -396,7 +396,7 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 		if uerr := s.fleet.unclaim(context.WithoutCancel(ctx), plan.Rentals, sh.EventID); uerr != nil {
 			s.log.WarnContext(ctx, "could not give back provisioning claims", "err", uerr)
 		}
-		return fault.Unavailable("provision %d %s on %s: %v", plan.Count, plan.InstanceType.Name, plan.Market, err)
+		return fault.Unavailable("provision %d %s on %s: %w", plan.Count, plan.InstanceType.Name, plan.Market, err)
 	}
 	recs := make([]provisionedNode, len(ids))
 	for i, id := range ids {
@@ -412,7 +412,7 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 		"zone", plan.Zone, "count", len(ids), "reason", plan.Reason)
 	subj, err := subject.Format(subject.ScaleProvisionRequested, poolID)
 	if err != nil {
-		return fault.Invalid("pool %s: %v", poolID, err)
+		return fault.Invalid("pool %s: %w", poolID, err)
 	}
 	m := plan.Market.Proto() // PlanProvision always names a market
 	_, err = s.pub.Publish(ctx, subj, &shizuv1.NodeProvisionRequested{
@@ -432,7 +432,7 @@ func (s *scaler) fleetNodes(ctx context.Context) ([]provisionedNode, error) {
 	}
 	listed, err := s.prov.List(ctx)
 	if err != nil {
-		return nil, fault.Unavailable("provider list: %v", err)
+		return nil, fault.Unavailable("provider list: %w", err)
 	}
 	out := recorded
 	for _, n := range listed {
@@ -531,7 +531,7 @@ func (s *scaler) drain(ctx context.Context, a fleet.Action, now time.Time) error
 	id := "cmd:drain:" + a.Node + ":" + strconv.FormatInt(epoch, 10)
 	subj, err := subject.Format(subject.AgentCmd, a.Node, "drain")
 	if err != nil {
-		return fault.Invalid("node %s: %v", a.Node, err)
+		return fault.Invalid("node %s: %w", a.Node, err)
 	}
 	if _, err := s.pub.Publish(ctx, subj, &shizuv1.DrainNode{
 		Meta:   &shizuv1.EventMeta{EventId: id, OccurredAt: timestamppb.New(now), Source: topology.Autoscaler, CorrelationId: a.Node},

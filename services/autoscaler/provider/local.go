@@ -198,23 +198,6 @@ func (l *Local) List(context.Context) ([]Node, error) {
 	return out, nil
 }
 
-// Exited reports whether the agent of node has exited (false for an
-// unknown node).
-func (l *Local) Exited(node string) bool {
-	l.mu.Lock()
-	c, ok := l.nodes[node]
-	l.mu.Unlock()
-	if !ok {
-		return false
-	}
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // Close releases every node.
 func (l *Local) Close(ctx context.Context) error {
 	nodes, _ := l.List(ctx)

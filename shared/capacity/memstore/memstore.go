@@ -36,20 +36,9 @@ type node struct {
 	allocs  map[string]*capacity.Allocation
 }
 
-// Option configures a Store.
-type Option func(*Store)
-
-// WithClock sets the clock that stamps Allocation.CreatedAt (default
-// time.Now).
-func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
-
-// New returns an empty store.
-func New(opts ...Option) *Store {
-	s := &Store{now: time.Now, nodes: map[string]*node{}, index: map[string]*capacity.Allocation{}}
-	for _, o := range opts {
-		o(s)
-	}
-	return s
+// New returns an empty store; allocations are stamped with time.Now.
+func New() *Store {
+	return &Store{now: time.Now, nodes: map[string]*node{}, index: map[string]*capacity.Allocation{}}
 }
 
 var _ capacity.Interface = (*Store)(nil)
