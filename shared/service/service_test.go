@@ -65,7 +65,7 @@ func TestServiceWaitsForProvisioningThenServesReadyAndStopsCleanly(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close(context.Background())
+	defer admin.Close(context.WithoutCancel(t.Context()))
 	if err := admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatal(err)
 	}

@@ -209,7 +209,7 @@ func setup(t *testing.T, cfg telemetry.Config) *telemetry.Telemetry {
 	t.Helper()
 	tel, err := telemetry.Setup(t.Context(), cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, tel.Shutdown(context.Background())) })
+	t.Cleanup(func() { assert.NoError(t, tel.Shutdown(context.WithoutCancel(t.Context()))) })
 	return tel
 }
 

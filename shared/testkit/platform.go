@@ -24,10 +24,12 @@ type Deployment struct {
 	// Admin is a bus connection as the admin user, which provisioned the
 	// streams (the test's stand-in for the gateway and other services).
 	Admin *bus.Conn
-	// Heartbeats is the heartbeat bucket, when WithHeartbeats provisioned it.
+	// Heartbeats is the heartbeat bucket, when WithHeartbeats asked for it
+	// and it was provisioned.
 	Heartbeats *bus.Heartbeats
 
-	users bool
+	users        bool
+	heartbeatTTL time.Duration
 }
 
 // PlatformOption adjusts what Platform starts.
@@ -45,9 +47,9 @@ type platform struct {
 // every subject (for tests of a service's logic, not of its permissions).
 func WithoutUsers() PlatformOption { return func(p *platform) { p.users = false } }
 
-// WithoutStreams leaves the streams unprovisioned, for tests of what a
-// service does before `shizu provision` ran; Deployment.Provision creates
-// them later.
+// WithoutStreams leaves the streams (and the heartbeat bucket)
+// unprovisioned, for tests of what a service does before `shizu provision`
+// ran; Deployment.Provision creates them later.
 func WithoutStreams() PlatformOption { return func(p *platform) { p.provision = false } }
 
 // WithHeartbeats provisions the node heartbeat bucket with ttl too.
@@ -78,7 +80,7 @@ func Platform(t testing.TB, opts ...PlatformOption) *Deployment {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	d := &Deployment{NATS: cfg.nats, Redis: StartRedis(t), users: cfg.users}
+	d := &Deployment{NATS: cfg.nats, Redis: StartRedis(t), users: cfg.users, heartbeatTTL: cfg.heartbeatTTL}
 	if d.NATS == nil {
 		mutate := cfg.natsOptions
 		if cfg.users {
@@ -90,21 +92,22 @@ func Platform(t testing.TB, opts ...PlatformOption) *Deployment {
 	if cfg.provision {
 		d.Provision(t)
 	}
-	if cfg.heartbeatTTL > 0 {
-		hb, err := d.Admin.EnsureHeartbeats(t.Context(), topology.Heartbeats(1, cfg.heartbeatTTL))
-		if err != nil {
-			t.Fatalf("testkit: provision the heartbeat bucket: %v", err)
-		}
-		d.Heartbeats = hb
-	}
 	return d
 }
 
-// Provision creates the streams, as `shizu provision` does.
+// Provision creates the streams and, with WithHeartbeats, the heartbeat
+// bucket, as `shizu provision` does.
 func (d *Deployment) Provision(t testing.TB) {
 	t.Helper()
 	if err := d.Admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatalf("testkit: provision the streams: %v", err)
+	}
+	if d.heartbeatTTL > 0 {
+		hb, err := d.Admin.EnsureHeartbeats(t.Context(), topology.Heartbeats(1, d.heartbeatTTL))
+		if err != nil {
+			t.Fatalf("testkit: provision the heartbeat bucket: %v", err)
+		}
+		d.Heartbeats = hb
 	}
 }
 

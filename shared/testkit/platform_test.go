@@ -42,9 +42,12 @@ func TestPlatformRunsNATSWithTheTopologysUsersAndProvisionedStreams(t *testing.T
 
 func TestPlatformWithoutStreamsOrUsers(t *testing.T) {
 	t.Parallel()
-	p := testkit.Platform(t, testkit.WithoutStreams(), testkit.WithoutUsers())
+	p := testkit.Platform(t, testkit.WithoutStreams(), testkit.WithoutUsers(), testkit.WithHeartbeats(time.Second))
 	if _, err := p.Admin.JetStream().Stream(t.Context(), topology.StreamRentals); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("stream before provisioning: %v; want not found", err)
+	}
+	if p.Heartbeats != nil {
+		t.Fatal("heartbeat bucket provisioned with WithoutStreams")
 	}
 	if cfg := p.BusConfig(topology.Scheduler); cfg.User != "" || cfg.Password != "" {
 		t.Fatalf("credentials without users: %+v", cfg)
@@ -52,5 +55,8 @@ func TestPlatformWithoutStreamsOrUsers(t *testing.T) {
 	p.Provision(t)
 	if _, err := p.Admin.JetStream().Stream(t.Context(), topology.StreamRentals); err != nil {
 		t.Fatalf("stream after Provision: %v", err)
+	}
+	if p.Heartbeats == nil || p.Heartbeats.TTL() != time.Second {
+		t.Fatalf("heartbeat bucket after Provision: %+v", p.Heartbeats)
 	}
 }

@@ -120,7 +120,7 @@ func startWith(t testing.TB, file policy.File, mutate func(*app.Config, *app.Dep
 	}
 	e.redis = p.Redis
 	e.restart = func() {
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 		done := make(chan error, 1)
 		go func() { done <- app.RunWith(ctx, cfg, deps) }()
 		var once sync.Once
