@@ -18,6 +18,9 @@ import (
 // A value in the environment that does not parse is not a silent default:
 // it is recorded, naming the variable, the value and what was expected,
 // and reported by Config.Validate with every other problem.
+//
+// Main's own -validate and -healthcheck are commands, not configuration,
+// and have no variable.
 type Flags struct {
 	fs      *flag.FlagSet
 	service string
