@@ -39,6 +39,9 @@ func newDevProvider(ctx context.Context, runner *fleetRunner, file policy.File, 
 // Provision starts n node agents of the instance type's profile, all or
 // nothing.
 func (p *devProvider) Provision(_ context.Context, instanceType string, market provider.Market, zone string, n int) ([]string, error) {
+	if err := provider.CheckCount(n); err != nil {
+		return nil, err
+	}
 	profile, ok := p.types[instanceType]
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", provider.ErrUnknownInstanceType, instanceType)

@@ -1,13 +1,13 @@
 package main
 
 import (
-	"errors"
 	"slices"
 	"testing"
 
 	"github.com/shizu-gpu/shizu/services/autoscaler/fleet"
 	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
+	"github.com/shizu-gpu/shizu/services/autoscaler/provider/providertest"
 	nodeagent "github.com/shizu-gpu/shizu/services/node-agent/app"
 )
 
@@ -17,13 +17,7 @@ import (
 // hand against shizu dev; here the agents have no server to reach.)
 func TestDevProviderAddsAndRemovesFleetNodes(t *testing.T) {
 	t.Parallel()
-	config := func(n fleetNode) nodeagent.Config {
-		c := nodeagent.DefaultConfig()
-		c.Service.NATS.URL = "nats://127.0.0.1:1" // nothing listens: the agent stops at once
-		c.NodeID, c.Simulate, c.Market = n.ID, n.Profile, n.Market
-		c.StateDir = t.TempDir()
-		return c
-	}
+	config := unreachableAgent(t)
 	runner, err := newFleetRunner([]fleetNode{{ID: "h100x8-1", Profile: "h100x8", Market: "on-demand"}}, config, discardLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -31,9 +25,6 @@ func TestDevProviderAddsAndRemovesFleetNodes(t *testing.T) {
 	file := policy.File{Fleet: fleet.Config{InstanceTypes: []fleet.InstanceType{{Name: "rtx-box", Profile: "rtx4090x8", Model: "RTX4090-24GB", GPUs: 8}}}}
 	p := newDevProvider(t.Context(), runner, file, config)
 
-	if _, err := p.Provision(t.Context(), "p5.48xlarge", provider.OnDemand, "local", 1); !errors.Is(err, provider.ErrUnknownInstanceType) {
-		t.Fatalf("unknown type: %v", err)
-	}
 	ids, err := p.Provision(t.Context(), "rtx-box", provider.Spot, "zone-b", 2)
 	if err != nil || !slices.Equal(ids, []string{"rtx4090x8-auto-1", "rtx4090x8-auto-2"}) {
 		t.Fatalf("provision: %v, %v", ids, err)
@@ -64,4 +55,34 @@ func TestDevProviderAddsAndRemovesFleetNodes(t *testing.T) {
 		t.Fatalf("fleet after release: %v", got)
 	}
 	runner.stopAll()
+}
+
+// unreachableAgent configures the dev fleet's agents with no server to
+// reach: each stops at once.
+func unreachableAgent(t *testing.T) func(fleetNode) nodeagent.Config {
+	return func(n fleetNode) nodeagent.Config {
+		c := nodeagent.DefaultConfig()
+		c.Service.NATS.URL = "nats://127.0.0.1:1" // nothing listens: the agent stops at once
+		c.NodeID, c.Simulate, c.Market = n.ID, n.Profile, n.Market
+		c.StateDir = t.TempDir()
+		return c
+	}
+}
+
+func TestDevProviderKeepsTheProviderContract(t *testing.T) {
+	t.Parallel()
+	file := policy.File{Fleet: fleet.Config{InstanceTypes: []fleet.InstanceType{{Name: "rtx-box", Profile: "rtx4090x8", Model: "RTX4090-24GB", GPUs: 8}}}}
+	providertest.Run(t, providertest.Subject{
+		New: func(t *testing.T) provider.Provider {
+			config := unreachableAgent(t)
+			runner, err := newFleetRunner(nil, config, discardLogger())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(runner.stopAll)
+			return newDevProvider(t.Context(), runner, file, config)
+		},
+		InstanceType:        "rtx-box",
+		UnknownInstanceType: "p5.48xlarge",
+	})
 }

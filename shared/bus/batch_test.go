@@ -43,7 +43,7 @@ func TestBatchOutcomesAreAppliedPerDelivery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = sub.Drain(context.Background()) })
+	t.Cleanup(func() { _ = sub.Drain(context.WithoutCancel(t.Context())) })
 	ids := []string{"b-1", "b-2", "b-bad", "b-flaky", "b-3", "b-4", "b-5", "b-6", "b-7"}
 	for _, id := range ids {
 		if _, err := c.Publish(t.Context(), requestedSubject, rentalRequested(id, "r-"+id)); err != nil {
@@ -116,8 +116,14 @@ func TestDrainAfterTheConnectionDiedLosesNothing(t *testing.T) {
 		}
 		subs = append(subs, sub)
 	}
-	<-busy // a worker holds a delivery; the queue and the callback fill up
-	time.Sleep(100 * time.Millisecond)
+	<-busy // a worker holds a delivery; the queue and the callback fill up:
+	// the server has handed the replica more than its busy workers hold.
+	testkit.Eventually(t, 10*time.Second, func() error {
+		if info := consumerInfo(t, c, "dying"); info.NumAckPending < 3 {
+			return fmt.Errorf("%d deliveries handed out", info.NumAckPending)
+		}
+		return nil
+	})
 	dying.NATS().Close() // the replica's connection dies
 	close(release)
 	for _, sub := range subs {
@@ -140,7 +146,7 @@ func TestDrainAfterTheConnectionDiedLosesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = sub.Drain(context.Background()) })
+	t.Cleanup(func() { _ = sub.Drain(context.WithoutCancel(t.Context())) })
 	testkit.Eventually(t, 30*time.Second, func() error {
 		info := consumerInfo(t, c, "dying")
 		if info.NumPending > 0 || info.NumAckPending > 0 {

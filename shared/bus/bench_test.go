@@ -44,7 +44,7 @@ func BenchmarkPublishConsume200B(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer c.Close(context.Background())
+	defer c.Close(context.WithoutCancel(b.Context()))
 	if err := c.EnsureStreams(b.Context(), topology.Streams(1)...); err != nil {
 		b.Fatal(err)
 	}
@@ -137,6 +137,6 @@ func benchBus(b *testing.B, c *bus.Conn, events []*shizuv1.RentalRequested, tena
 	}
 	<-done
 	total := time.Since(start)
-	_ = sub.Drain(context.Background())
+	_ = sub.Drain(context.WithoutCancel(b.Context()))
 	return published, total
 }

@@ -59,7 +59,7 @@ func connect(t *testing.T, cfg bus.Config, inst bus.Instruments) *bus.Conn {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 5*time.Second)
 		defer cancel()
 		if err := c.Close(ctx); err != nil {
 			t.Errorf("close: %v", err)
@@ -75,7 +75,7 @@ func consume(t *testing.T, c *bus.Conn, spec bus.Consumer, r *bus.Router, opts b
 		t.Fatalf("consume: %v", err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 5*time.Second)
 		defer cancel()
 		if err := sub.Drain(ctx); err != nil {
 			t.Errorf("drain: %v", err)
@@ -423,7 +423,7 @@ func TestDrainFinishesInFlightMessagesWithoutLoss(t *testing.T) {
 		<-started
 	}
 	drained := make(chan error, 1)
-	go func() { drained <- sub.Drain(context.Background()) }()
+	go func() { drained <- sub.Drain(t.Context()) }()
 	close(release)
 	if err := <-drained; err != nil {
 		t.Fatal(err)
@@ -526,7 +526,7 @@ func TestDeliveriesThatNeverGetAnAnswerAreDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 5*time.Second)
 		defer cancel()
 		_ = sub.Drain(ctx)
 	}()

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/fault"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/telemetry"
@@ -87,11 +88,11 @@ func On[E proto.Message](r *Router, h func(ctx context.Context, ev E, d Delivery
 	r.Handle(name, func(ctx context.Context, d Delivery) error {
 		ev := mt.New().Interface().(E)
 		if err := proto.Unmarshal(d.Data, ev); err != nil {
-			return fault.Invalid("decode %s: %v", name, err)
+			return fault.Invalid("decode %s: %w", name, err)
 		}
 		if v, ok := any(ev).(Validator); ok {
 			if err := v.Validate(); err != nil {
-				return fault.Invalid("validate %s: %v", name, err)
+				return fault.Invalid("validate %s: %w", name, err)
 			}
 		}
 		return h(ctx, ev, d)
@@ -397,7 +398,7 @@ func (w *worker) deadLetter(ctx context.Context, m jetstream.Msg, d Delivery, re
 	w.c.log.WarnContext(ctx, "message dead-lettered", "consumer", w.spec.Durable, "event", d.Event,
 		"msg_id", d.MsgID, "subject", d.Subject, "reason", reason)
 	w.count(ctx, outcomeDeadLetter, d.Event)
-	if err := m.TermWithReason(truncate(reason, 256)); err != nil {
+	if err := m.TermWithReason(shizuv1.Truncate(reason, 256)); err != nil {
 		w.c.log.ErrorContext(ctx, "term failed", "consumer", w.spec.Durable, "err", err)
 	}
 }
@@ -405,11 +406,4 @@ func (w *worker) deadLetter(ctx context.Context, m jetstream.Msg, d Delivery, re
 func (w *worker) count(ctx context.Context, outcome, event string) {
 	w.c.metrics.consumed.Add(ctx, 1, metric.WithAttributes(
 		attrConsumer.String(w.spec.Durable), attrOutcome.String(outcome), attrEvent.String(event)))
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }

@@ -48,7 +48,7 @@ func (c *Conn) forwardExhausted(ctx context.Context, spec Consumer) (*Subscripti
 	r.Handle(event, func(ctx context.Context, d Delivery) error {
 		var adv maxDeliveriesAdvisory
 		if err := json.Unmarshal(d.Data, &adv); err != nil {
-			return fault.Invalid("decode max-deliveries advisory: %v", err)
+			return fault.Invalid("decode max-deliveries advisory: %w", err)
 		}
 		return c.deadLetterExhausted(ctx, spec, adv)
 	})
@@ -81,7 +81,7 @@ func (c *Conn) deadLetterExhausted(ctx context.Context, spec Consumer, adv maxDe
 	}
 	dlqSubject, err := subject.Format(subject.DeadLetter, adv.Stream, spec.Durable)
 	if err != nil {
-		return fault.Invalid("dead-letter subject: %v", err)
+		return fault.Invalid("dead-letter subject: %w", err)
 	}
 	cp.Subject = dlqSubject
 	cp.Header.Set(HeaderMsgID, fmt.Sprintf("dlq:%s:%s:%d", adv.Stream, spec.Durable, adv.StreamSeq))

@@ -143,7 +143,7 @@ func (c *Conn) publishOnce(ctx context.Context, msg *nats.Msg, denied <-chan err
 	case err := <-denied:
 		cancel()
 		<-done
-		return Ack{}, fmt.Errorf("%w: %v", ErrPermissionDenied, err)
+		return Ack{}, fmt.Errorf("%w: %w", ErrPermissionDenied, err)
 	}
 }
 

@@ -82,7 +82,7 @@
 //	Allocation rentals                                 (one HGET)
 //	Version    version                                 (one GET)
 //	Snapshot   version + nodes (one MULTI/EXEC), then node and allocs of
-//	           up to WithSnapshotBatch nodes per MULTI/EXEC, in sequence
+//	           up to DefaultSnapshotBatch nodes per MULTI/EXEC, in sequence
 //
 // # Redis Cluster caveat
 //

@@ -131,7 +131,7 @@ func (s *Store) releaseOn(ctx context.Context, nodeID, only string, rentalIDs []
 	for i, c := range cmds {
 		res, err := c.Slice()
 		if err != nil || len(res) == 0 {
-			return nil, unavailable(op, fmt.Errorf("rental %s: %v", rentalIDs[i], err))
+			return nil, unavailable(op, fmt.Errorf("rental %s: %w", rentalIDs[i], err))
 		}
 		out[i] = str(res[0]) == "ok"
 	}

@@ -5,18 +5,21 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // GPUHealth is whether a GPU takes new work, as its node agent last
-// reported it (NodeHealthChanged for one GPU).
-type GPUHealth string
+// reported it (NodeHealthChanged for one GPU); shared/rent maps it to and
+// from the event contract (rent.HealthOf).
+type GPUHealth = rent.Health
 
 // GPU health states. Only a healthy GPU takes new reservations; a degraded
 // one keeps what it runs, a failed one's rentals are moved by failover.
 const (
-	HealthHealthy  GPUHealth = "healthy"
-	HealthDegraded GPUHealth = "degraded"
-	HealthFailed   GPUHealth = "failed"
+	HealthHealthy  = rent.Healthy
+	HealthDegraded = rent.Degraded
+	HealthFailed   = rent.Failed
 )
 
 // SetGPUHealth records the health of GPU gpu of a node registered at

@@ -3,279 +3,56 @@ package capacity_test
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"reflect"
-	"slices"
 	"sync/atomic"
 	"testing"
 
 	"pgregory.net/rapid"
 
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/capacity/memstore"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 )
 
-// model is a plain in-memory statement of what the store promises. The
-// property test drives the store and the model with the same random steps
-// and requires the same answers and the same state after every step.
-type model struct {
-	nodes   map[string]*modelNode
-	rentals map[string]string // rental -> node
-}
+// The property test drives the Redis store and its model, the in-memory
+// store (memstore), with the same random steps and requires the same
+// answers and the same state after every step. memstore states the
+// store's promises in plain Go; the contract suite (capacitytest) checks
+// both against the examples that matter most.
 
-type modelNode struct {
-	spec   capacity.Node
-	status capacity.NodeStatus
-	epoch  uint64
-	allocs map[string]capacity.Placement
-}
-
-// expected is the model's answer: a sentinel (nil for success), and for an
-// insufficient-capacity answer the exact *InsufficientError.
-type expected struct {
-	err          error
-	insufficient *capacity.InsufficientError
-}
-
-func (e expected) check(got error) error {
-	if e.insufficient != nil {
-		var ie *capacity.InsufficientError
-		if !errors.As(got, &ie) || *ie != *e.insufficient {
-			return fmt.Errorf("want %v, got %v", e.insufficient, got)
+// sameOutcome says whether two answers to the same call agree: both
+// succeeded, or both failed with the same kind of error, and an
+// insufficient-capacity answer names the same GPU, resource and amounts.
+func sameOutcome(got, want error) error {
+	if (got == nil) != (want == nil) {
+		return fmt.Errorf("store says %v, model %v", got, want)
+	}
+	if got == nil {
+		return nil
+	}
+	var gi, wi *capacity.InsufficientError
+	if errors.As(want, &wi) {
+		if !errors.As(got, &gi) || *gi != *wi {
+			return fmt.Errorf("store says %v, model %v", got, want)
 		}
 		return nil
 	}
-	if (e.err == nil) != (got == nil) || !errors.Is(got, e.err) {
-		return fmt.Errorf("want %v, got %v", e.err, got)
-	}
-	return nil
-}
-
-// free is what the model says a node has free: totals minus allocations.
-type modelFree struct {
-	cpu, mem      int64
-	milli, vram   []int64
-	sharers, max_ []int
-}
-
-func (n *modelNode) free() modelFree {
-	f := modelFree{cpu: n.spec.CPUMilli, mem: n.spec.MemoryMiB}
-	for _, g := range n.spec.GPUs {
-		f.milli = append(f.milli, capacity.MilliPerGPU)
-		f.vram = append(f.vram, g.VRAMMiB)
-		f.sharers = append(f.sharers, 0)
-		f.max_ = append(f.max_, g.EffectiveMaxSharers())
-	}
-	for _, a := range n.allocs {
-		f.cpu -= a.CPUMilli
-		f.mem -= a.MemoryMiB
-		for _, g := range a.GPUs {
-			if g.Index < len(f.milli) {
-				f.milli[g.Index] -= g.Milli
-				f.vram[g.Index] -= g.VRAMMiB
-				f.sharers[g.Index]++
+	for _, kind := range []error{capacity.ErrNotFound, capacity.ErrConflict, capacity.ErrFenced, capacity.ErrInvalid, capacity.ErrInsufficient} {
+		if errors.Is(want, kind) {
+			if !errors.Is(got, kind) {
+				return fmt.Errorf("store says %v, model %v", got, want)
 			}
+			return nil
 		}
 	}
-	return f
+	return fmt.Errorf("model answered an error of no kind: %v", want)
 }
 
-// fits says whether the live allocations fit a node's new facts.
-func (n *modelNode) fits(spec capacity.Node) bool {
-	trial := &modelNode{spec: spec, allocs: n.allocs}
-	held := map[string]bool{}
-	for _, a := range n.allocs {
-		for _, g := range a.GPUs {
-			if g.Index >= len(spec.GPUs) || (g.MIGProfile != "") != spec.GPUs[g.Index].MIGEnabled {
-				return false
-			}
-			if g.MIGInstance != "" && (held[g.MIGInstance] || !hasInstance(spec.GPUs[g.Index], g.MIGInstance)) {
-				return false
-			}
-			held[g.MIGInstance] = true
-		}
-	}
-	f := trial.free()
-	if f.cpu < 0 || f.mem < 0 {
-		return false
-	}
-	for i := range f.milli {
-		if f.milli[i] < 0 || f.vram[i] < 0 || f.sharers[i] > f.max_[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func (m *model) register(spec capacity.Node) (uint64, expected) {
-	n, ok := m.nodes[spec.ID]
-	if !ok {
-		m.nodes[spec.ID] = &modelNode{spec: spec, status: capacity.StatusReady, epoch: 1, allocs: map[string]capacity.Placement{}}
-		return 1, expected{}
-	}
-	if !n.fits(spec) {
-		return 0, expected{err: capacity.ErrConflict}
-	}
-	n.spec = spec
-	if n.status == capacity.StatusDead {
-		n.status = capacity.StatusReady
-	}
-	return n.epoch, expected{}
-}
-
-// reserve returns the allocation's placement and whether it is an existing one.
-func (m *model) reserve(p capacity.Placement) (capacity.Placement, bool, expected) {
-	if nodeID, ok := m.rentals[p.RentalID]; ok {
-		return m.nodes[nodeID].allocs[p.RentalID], true, expected{}
-	}
-	n, ok := m.nodes[p.NodeID]
-	switch {
-	case !ok:
-		return p, false, expected{err: capacity.ErrNotFound}
-	case n.status == capacity.StatusDead, n.epoch != p.Epoch:
-		return p, false, expected{err: capacity.ErrFenced}
-	case n.status != capacity.StatusReady:
-		return p, false, expected{err: capacity.ErrConflict}
-	}
-	f := n.free()
-	short := func(gpu int, res string, free, want int64) (capacity.Placement, bool, expected) {
-		return p, false, expected{err: capacity.ErrInsufficient, insufficient: &capacity.InsufficientError{
-			Node: p.NodeID, GPU: gpu, Resource: res, Free: free, Want: want,
-		}}
-	}
-	if f.cpu < p.CPUMilli {
-		return short(-1, capacity.ResourceCPU, f.cpu, p.CPUMilli)
-	}
-	if f.mem < p.MemoryMiB {
-		return short(-1, capacity.ResourceMemory, f.mem, p.MemoryMiB)
-	}
-	held := map[string]bool{}
-	for _, a := range n.allocs {
-		for _, g := range a.GPUs {
-			held[g.MIGInstance] = true
-		}
-	}
-	for _, g := range p.GPUs {
-		i := g.Index
-		switch {
-		case i >= len(n.spec.GPUs):
-			return p, false, expected{err: capacity.ErrInvalid}
-		case g.MIGProfile != "" && !n.spec.GPUs[i].MIGEnabled,
-			g.MIGProfile != "" && !hasInstance(n.spec.GPUs[i], g.MIGInstance),
-			g.MIGProfile == "" && n.spec.GPUs[i].MIGEnabled,
-			g.MIGProfile != "" && instanceProfile(n.spec.GPUs[i], g.MIGInstance) != g.MIGProfile:
-			return p, false, expected{err: capacity.ErrConflict}
-		case g.MIGProfile != "" && held[g.MIGInstance]:
-			return short(i, capacity.ResourceMIGInstance, 0, 1)
-		case f.milli[i] < g.Milli:
-			return short(i, capacity.ResourceMilliGPU, f.milli[i], g.Milli)
-		case f.vram[i] < g.VRAMMiB:
-			return short(i, capacity.ResourceVRAM, f.vram[i], g.VRAMMiB)
-		case f.sharers[i] >= f.max_[i]:
-			return short(i, capacity.ResourceSharers, int64(f.max_[i]-f.sharers[i]), 1)
-		}
-	}
-	n.allocs[p.RentalID] = p
-	m.rentals[p.RentalID] = p.NodeID
-	return p, false, expected{}
-}
-
-func instanceProfile(g capacity.GPU, uuid string) string {
-	for _, m := range g.MIGInstances {
-		if m.UUID == uuid {
-			return m.Profile
-		}
-	}
-	return ""
-}
-
-func hasInstance(g capacity.GPU, uuid string) bool {
-	for _, m := range g.MIGInstances {
-		if m.UUID == uuid {
-			return true
-		}
-	}
-	return false
-}
-
-func (m *model) release(rental string) bool {
-	nodeID, ok := m.rentals[rental]
-	if ok {
-		delete(m.nodes[nodeID].allocs, rental)
-		delete(m.rentals, rental)
-	}
-	return ok
-}
-
-func (m *model) fence(nodeID string, epoch uint64) ([]capacity.Placement, expected) {
-	n, ok := m.nodes[nodeID]
-	switch {
-	case !ok:
-		return nil, expected{err: capacity.ErrNotFound}
-	case n.epoch != epoch:
-		return nil, expected{err: capacity.ErrConflict}
-	}
-	n.epoch++
-	n.status = capacity.StatusDead
-	return sortedPlacements(n.allocs), expected{}
-}
-
-func (m *model) renew(rental, nodeID string, epoch uint64) expected {
-	n, ok := m.nodes[nodeID]
-	if !ok {
-		return expected{err: capacity.ErrNotFound}
-	}
-	if n.status == capacity.StatusDead || n.epoch != epoch {
-		return expected{err: capacity.ErrFenced}
-	}
-	a, ok := n.allocs[rental]
-	if !ok {
-		return expected{err: capacity.ErrNotFound}
-	}
-	if a.Epoch != n.epoch {
-		return expected{err: capacity.ErrFenced}
-	}
-	return expected{}
-}
-
-func (m *model) setStatus(nodeID string, status capacity.NodeStatus, epoch uint64) expected {
-	n, ok := m.nodes[nodeID]
-	switch {
-	case !ok:
-		return expected{err: capacity.ErrNotFound}
-	case n.status == capacity.StatusDead:
-		return expected{err: capacity.ErrFenced}
-	case n.epoch != epoch:
-		return expected{err: capacity.ErrConflict}
-	}
-	n.status = status
-	return expected{}
-}
-
-func (m *model) remove(nodeID string) expected {
-	n, ok := m.nodes[nodeID]
-	switch {
-	case !ok:
-		return expected{err: capacity.ErrNotFound}
-	case len(n.allocs) > 0:
-		return expected{err: capacity.ErrConflict}
-	}
-	delete(m.nodes, nodeID)
-	return expected{}
-}
-
-func sortedPlacements(allocs map[string]capacity.Placement) []capacity.Placement {
-	out := []capacity.Placement{}
-	for _, id := range slices.Sorted(maps.Keys(allocs)) {
-		out = append(out, allocs[id])
-	}
-	return out
-}
-
-func placementsOf(allocs []capacity.Allocation) []capacity.Placement {
-	out := []capacity.Placement{}
+// placements drops what only one store can know (creation times).
+func placements(allocs []capacity.Allocation) []capacity.Allocation {
+	out := []capacity.Allocation{}
 	for _, a := range allocs {
-		out = append(out, a.Placement)
+		out = append(out, capacity.Allocation{Placement: a.Placement, HandingOver: a.HandingOver, Existing: a.Existing})
 	}
 	return out
 }
@@ -330,19 +107,30 @@ func TestStoreMatchesModel(t *testing.T) {
 		if err != nil {
 			rt.Fatal(err)
 		}
-		m := &model{nodes: map[string]*modelNode{}, rentals: map[string]string{}}
+		m := memstore.New()
 
 		// epochFor draws the node's current epoch most of the time, else any.
 		epochFor := func(rt *rapid.T, nodeID string) uint64 {
-			if n, ok := m.nodes[nodeID]; ok && rapid.IntRange(0, 3).Draw(rt, "stale") > 0 {
-				return n.epoch
+			if st, err := m.Node(ctx, nodeID); err == nil && rapid.IntRange(0, 3).Draw(rt, "stale") > 0 {
+				return st.Epoch
 			}
 			return rapid.Uint64Range(1, 4).Draw(rt, "epoch")
 		}
+		// same fails the run when the store and the model disagree.
+		same := func(rt *rapid.T, what string, got, want any, gotErr, wantErr error) {
+			if err := sameOutcome(gotErr, wantErr); err != nil {
+				rt.Fatalf("%s: %v", what, err)
+			}
+			if gotErr == nil && !reflect.DeepEqual(got, want) {
+				rt.Fatalf("%s:\n store %+v\n model %+v", what, got, want)
+			}
+		}
+		rental := func(rt *rapid.T) string { return rapid.SampledFrom(propRentals).Draw(rt, "rental") }
+		nodeOf := func(rt *rapid.T) string { return rapid.SampledFrom(propNodes).Draw(rt, "node") }
 
 		reserve := func(rt *rapid.T, nodeID string, epoch uint64) {
 			p := capacity.Placement{
-				RentalID:  rapid.SampledFrom(propRentals).Draw(rt, "rental"),
+				RentalID:  rental(rt),
 				NodeID:    nodeID,
 				Epoch:     epoch,
 				Tenant:    "acme",
@@ -362,140 +150,121 @@ func TestStoreMatchesModel(t *testing.T) {
 				}
 				p.GPUs = append(p.GPUs, g)
 			}
-			wantPlacement, wantExisting, want := m.reserve(p)
 			a, err := s.Reserve(ctx, p)
-			if cerr := want.check(err); cerr != nil {
-				rt.Fatalf("reserve %+v: %v", p, cerr)
-			}
-			if err == nil && (a.Existing != wantExisting || !reflect.DeepEqual(a.Placement, wantPlacement)) {
-				rt.Fatalf("reserve %s: got %+v, want %+v (existing %v)", p.RentalID, a, wantPlacement, wantExisting)
-			}
+			wa, werr := m.Reserve(ctx, p)
+			same(rt, fmt.Sprintf("reserve %+v", p), placements([]capacity.Allocation{a}), placements([]capacity.Allocation{wa}), err, werr)
 		}
 
 		rt.Repeat(map[string]func(*rapid.T){
 			"register": func(rt *rapid.T) {
-				spec := nodeVariant(rapid.SampledFrom(propNodes).Draw(rt, "node"), rapid.IntRange(0, 5).Draw(rt, "variant"))
-				wantEpoch, want := m.register(spec)
+				spec := nodeVariant(nodeOf(rt), rapid.IntRange(0, 5).Draw(rt, "variant"))
 				epoch, err := s.Register(ctx, spec)
-				if cerr := want.check(err); cerr != nil {
-					rt.Fatalf("register %s: %v", spec.ID, cerr)
-				}
-				if err == nil && epoch != wantEpoch {
-					rt.Fatalf("register %s: epoch %d, want %d", spec.ID, epoch, wantEpoch)
-				}
+				wepoch, werr := m.Register(ctx, spec)
+				same(rt, "register "+spec.ID, epoch, wepoch, err, werr)
 			},
 			"reserve": func(rt *rapid.T) {
-				nodeID := rapid.SampledFrom(propNodes).Draw(rt, "node")
+				nodeID := nodeOf(rt)
 				reserve(rt, nodeID, epochFor(rt, nodeID))
 			},
 			// The same action twice makes reserves twice as frequent, so GPUs
 			// fill up and the VRAM and sharer limits are reached.
 			"reserve again": func(rt *rapid.T) {
-				nodeID := rapid.SampledFrom(propNodes).Draw(rt, "node")
+				nodeID := nodeOf(rt)
 				reserve(rt, nodeID, epochFor(rt, nodeID))
 			},
 			"release": func(rt *rapid.T) {
-				rental := rapid.SampledFrom(propRentals).Draw(rt, "rental")
-				want := m.release(rental)
-				got, err := s.Release(ctx, rental)
-				if err != nil || got != want {
-					rt.Fatalf("release %s: %v, %v; want %v", rental, got, err, want)
+				r := rental(rt)
+				got, err := s.Release(ctx, r)
+				want, werr := m.Release(ctx, r)
+				same(rt, "release "+r, got, want, err, werr)
+			},
+			"hand over": func(rt *rapid.T) {
+				r, nodeID := rental(rt), nodeOf(rt)
+				if a, err := m.Allocation(ctx, r); err == nil && rapid.Bool().Draw(rt, "owner") {
+					nodeID = a.NodeID
 				}
+				a, err := s.HandOver(ctx, r, nodeID)
+				wa, werr := m.HandOver(ctx, r, nodeID)
+				same(rt, "hand over "+r+" on "+nodeID, placements([]capacity.Allocation{a}), placements([]capacity.Allocation{wa}), err, werr)
+			},
+			"release on": func(rt *rapid.T) {
+				nodeID, rs := nodeOf(rt), rapid.SliceOfNDistinct(rapid.SampledFrom(propRentals), 1, 3, rapid.ID[string]).Draw(rt, "rentals")
+				handedOver := rapid.Bool().Draw(rt, "handed over only")
+				var got, want []bool
+				var err, werr error
+				if handedOver {
+					got, err = s.ReleaseHandedOver(ctx, nodeID, rs...)
+					want, werr = m.ReleaseHandedOver(ctx, nodeID, rs...)
+				} else {
+					got, err = s.ReleaseOn(ctx, nodeID, rs...)
+					want, werr = m.ReleaseOn(ctx, nodeID, rs...)
+				}
+				same(rt, fmt.Sprintf("release %v on %s (handed over only %v)", rs, nodeID, handedOver), got, want, err, werr)
 			},
 			"fence": func(rt *rapid.T) {
-				nodeID := rapid.SampledFrom(propNodes).Draw(rt, "node")
+				nodeID := nodeOf(rt)
 				epoch := epochFor(rt, nodeID)
-				wantAllocs, want := m.fence(nodeID, epoch)
 				f, err := s.Fence(ctx, nodeID, epoch)
-				if cerr := want.check(err); cerr != nil {
-					rt.Fatalf("fence %s at %d: %v", nodeID, epoch, cerr)
-				}
-				if err == nil && (f.Epoch != m.nodes[nodeID].epoch || !reflect.DeepEqual(placementsOf(f.Allocations), wantAllocs)) {
-					rt.Fatalf("fence %s: got %+v, want epoch %d and %+v", nodeID, f, m.nodes[nodeID].epoch, wantAllocs)
-				}
+				wf, werr := m.Fence(ctx, nodeID, epoch)
+				same(rt, fmt.Sprintf("fence %s at %d", nodeID, epoch), []any{f.Epoch, placements(f.Allocations)},
+					[]any{wf.Epoch, placements(wf.Allocations)}, err, werr)
 			},
 			"renew": func(rt *rapid.T) {
-				rental := rapid.SampledFrom(propRentals).Draw(rt, "rental")
-				nodeID := rapid.SampledFrom(propNodes).Draw(rt, "node")
-				if owner, ok := m.rentals[rental]; ok && rapid.Bool().Draw(rt, "owner") {
-					nodeID = owner
+				r, nodeID := rental(rt), nodeOf(rt)
+				if a, err := m.Allocation(ctx, r); err == nil && rapid.Bool().Draw(rt, "owner") {
+					nodeID = a.NodeID
 				}
 				epoch := epochFor(rt, nodeID)
-				want := m.renew(rental, nodeID, epoch)
-				if cerr := want.check(s.Renew(ctx, rental, nodeID, epoch)); cerr != nil {
-					rt.Fatalf("renew %s on %s at %d: %v", rental, nodeID, epoch, cerr)
-				}
+				same(rt, fmt.Sprintf("renew %s on %s at %d", r, nodeID, epoch), nil, nil,
+					s.Renew(ctx, r, nodeID, epoch), m.Renew(ctx, r, nodeID, epoch))
 			},
 			"set status": func(rt *rapid.T) {
-				nodeID := rapid.SampledFrom(propNodes).Draw(rt, "node")
+				nodeID := nodeOf(rt)
 				status := rapid.SampledFrom([]capacity.NodeStatus{capacity.StatusReady, capacity.StatusDraining}).Draw(rt, "status")
 				epoch := epochFor(rt, nodeID)
-				want := m.setStatus(nodeID, status, epoch)
-				if cerr := want.check(s.SetStatus(ctx, nodeID, status, epoch)); cerr != nil {
-					rt.Fatalf("set %s %s at %d: %v", nodeID, status, epoch, cerr)
-				}
+				same(rt, fmt.Sprintf("set %s %s at %d", nodeID, status, epoch), nil, nil,
+					s.SetStatus(ctx, nodeID, status, epoch), m.SetStatus(ctx, nodeID, status, epoch))
+			},
+			"set GPU health": func(rt *rapid.T) {
+				nodeID := nodeOf(rt)
+				epoch := epochFor(rt, nodeID)
+				gpu := rapid.IntRange(0, 3).Draw(rt, "gpu")
+				h := rapid.SampledFrom([]capacity.GPUHealth{capacity.HealthHealthy, capacity.HealthDegraded, capacity.HealthFailed}).Draw(rt, "health")
+				got, err := s.SetGPUHealth(ctx, nodeID, epoch, gpu, h)
+				want, werr := m.SetGPUHealth(ctx, nodeID, epoch, gpu, h)
+				same(rt, fmt.Sprintf("set GPU %d of %s %s at %d", gpu, nodeID, h, epoch), got, want, err, werr)
 			},
 			"remove": func(rt *rapid.T) {
-				nodeID := rapid.SampledFrom(propNodes).Draw(rt, "node")
-				want := m.remove(nodeID)
-				if cerr := want.check(s.Remove(ctx, nodeID)); cerr != nil {
-					rt.Fatalf("remove %s: %v", nodeID, cerr)
-				}
+				nodeID := nodeOf(rt)
+				same(rt, "remove "+nodeID, nil, nil, s.Remove(ctx, nodeID), m.Remove(ctx, nodeID))
 			},
 			"": func(rt *rapid.T) {
 				snap, err := s.Snapshot(ctx)
 				if err != nil {
 					rt.Fatal(err)
 				}
-				if len(snap.Nodes) != len(m.nodes) {
-					rt.Fatalf("store has %d nodes, model %d", len(snap.Nodes), len(m.nodes))
+				want, _ := m.Snapshot(ctx)
+				if snap.Version != want.Version {
+					rt.Fatalf("store at version %d, model at %d", snap.Version, want.Version)
 				}
-				for _, st := range snap.Nodes {
-					n := m.nodes[st.ID]
-					if n == nil {
-						rt.Fatalf("store has node %s, model does not", st.ID)
-					}
+				if len(snap.Nodes) != len(want.Nodes) {
+					rt.Fatalf("store has %d nodes, model %d", len(snap.Nodes), len(want.Nodes))
+				}
+				for i, st := range snap.Nodes {
 					if err := conserved(st); err != nil {
 						rt.Fatal(err)
 					}
-					if st.Status != n.status || st.Epoch != n.epoch || !reflect.DeepEqual(st.Node, n.spec) {
-						rt.Fatalf("node %s: %s at %d, model %s at %d", st.ID, st.Status, st.Epoch, n.status, n.epoch)
-					}
-					if got, want := placementsOf(st.Allocations), sortedPlacements(n.allocs); !reflect.DeepEqual(got, want) {
-						rt.Fatalf("node %s allocations:\n got %+v\nwant %+v", st.ID, got, want)
-					}
-					f := n.free()
-					held := map[string]bool{}
-					for _, a := range n.allocs {
-						for _, g := range a.GPUs {
-							held[g.MIGInstance] = true
-						}
-					}
-					for i, g := range st.FreeGPUs {
-						if g.Milli != f.milli[i] || g.VRAMMiB != f.vram[i] || g.Sharers != f.sharers[i] {
-							rt.Fatalf("node %s GPU %d: %+v, model milli %d vram %d sharers %d", st.ID, i, g, f.milli[i], f.vram[i], f.sharers[i])
-						}
-						var free []string
-						for _, m := range n.spec.GPUs[i].MIGInstances {
-							if !held[m.UUID] {
-								free = append(free, m.UUID)
-							}
-						}
-						slices.Sort(free)
-						if !slices.Equal(g.FreeMIGInstances, free) {
-							rt.Fatalf("node %s GPU %d: free MIG instances %v, model %v", st.ID, i, g.FreeMIGInstances, free)
-						}
+					w := want.Nodes[i]
+					got, exp := st, w
+					got.Allocations, exp.Allocations = placements(st.Allocations), placements(w.Allocations)
+					if !reflect.DeepEqual(got, exp) {
+						rt.Fatalf("node %s:\n store %+v\n model %+v", st.ID, got, exp)
 					}
 				}
-				for _, rental := range propRentals {
-					a, err := s.Allocation(ctx, rental)
-					nodeID, ok := m.rentals[rental]
-					switch {
-					case !ok && !capacity.IsNotFound(err):
-						rt.Fatalf("rental %s: model has none, store says %+v, %v", rental, a, err)
-					case ok && (err != nil || a.NodeID != nodeID):
-						rt.Fatalf("rental %s: model has it on %s, store says %+v, %v", rental, nodeID, a, err)
-					}
+				for _, r := range propRentals {
+					a, err := s.Allocation(ctx, r)
+					wa, werr := m.Allocation(ctx, r)
+					same(rt, "rental "+r, placements([]capacity.Allocation{a}), placements([]capacity.Allocation{wa}), err, werr)
 				}
 			},
 		})

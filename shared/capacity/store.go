@@ -46,14 +46,6 @@ type Option func(*config)
 // is a hash tag, such as "{shizu}", puts every key in one Redis Cluster slot.
 func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
 
-// WithClock sets the clock that stamps Allocation.CreatedAt (default time.Now).
-func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
-
-// WithSnapshotBatch sets how many nodes Snapshot reads per round trip
-// (default DefaultSnapshotBatch). Each batch is one MULTI/EXEC, so it is
-// atomic and holds Redis for its duration.
-func WithSnapshotBatch(n int) Option { return func(c *config) { c.batch = n } }
-
 // New returns a Store on rdb.
 func New(rdb redis.UniversalClient, opts ...Option) (*Store, error) {
 	c := config{prefix: DefaultPrefix, now: time.Now, batch: DefaultSnapshotBatch}
@@ -536,7 +528,7 @@ func (s *Store) Version(ctx context.Context) (uint64, error) {
 
 // Snapshot reads every node: static facts, status, epoch, what is free and
 // what is allocated. It reads the version and the node list in one
-// MULTI/EXEC, then the nodes in batches of WithSnapshotBatch, one MULTI/EXEC
+// MULTI/EXEC, then the nodes in batches of DefaultSnapshotBatch, one MULTI/EXEC
 // per batch; see the Snapshot type for what Version promises. Static facts
 // and allocations that have not changed since the previous Snapshot of this
 // Store are not decoded again.

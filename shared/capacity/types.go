@@ -1,6 +1,10 @@
 package capacity
 
-import "time"
+import (
+	"time"
+
+	"github.com/shizu-gpu/shizu/shared/rent"
+)
 
 // MilliPerGPU is the capacity of one GPU in milli-GPU.
 const MilliPerGPU = 1000
@@ -13,13 +17,14 @@ const MaxMIGInstances = 7
 // when GPU.MaxSharers is 0.
 const DefaultMaxSharers = 4
 
-// Market is how a node's GPUs are sold.
-type Market string
+// Market is how a node's GPUs are sold (Shizu's one market vocabulary,
+// shared/rent).
+type Market = rent.Market
 
 // Markets.
 const (
-	MarketOnDemand Market = "on-demand"
-	MarketSpot     Market = "spot"
+	MarketOnDemand = rent.OnDemand
+	MarketSpot     = rent.Spot
 )
 
 // NodeStatus is whether a node takes new work.

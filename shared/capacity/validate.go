@@ -216,3 +216,13 @@ func (pl Placement) Validate() error {
 	}
 	return invalid(p...)
 }
+
+// CheckID reports whether v is an identifier the store accepts (a node or
+// rental id: 1..MaxIDLen characters from [A-Za-z0-9._:-]), as an error
+// satisfying IsInvalid that names field. Every store implementation checks
+// its ids with it.
+func CheckID(field, v string) error {
+	var p problems
+	p.id(field, v)
+	return invalid(p...)
+}

@@ -33,15 +33,6 @@ func Invalid(format string, args ...any) error { return wrap(ErrInvalid, format,
 // Unavailable returns an error of kind ErrUnavailable with the formatted detail.
 func Unavailable(format string, args ...any) error { return wrap(ErrUnavailable, format, args) }
 
-// AsInvalid marks err (for example a Validate result) as invalid input,
-// keeping its message. It returns nil for nil.
-func AsInvalid(err error) error {
-	if err == nil || errors.Is(err, ErrInvalid) {
-		return err
-	}
-	return &kinded{kind: ErrInvalid, err: err}
-}
-
 // IsNotFound reports whether err is of kind ErrNotFound.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
 

@@ -20,7 +20,6 @@ func TestKindsSurviveWrapping(t *testing.T) {
 		{"conflict is detected", fault.Conflict("epoch %d moved", 3), fault.IsConflict},
 		{"invalid is detected", fault.Invalid("gpu_count: %d", 0), fault.IsInvalid},
 		{"unavailable keeps the cause", fault.Unavailable("redis: %w", base), fault.IsUnavailable},
-		{"AsInvalid marks a validation error", fault.AsInvalid(errors.Join(errors.New("a"), errors.New("b"))), fault.IsInvalid},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -34,8 +33,5 @@ func TestKindsSurviveWrapping(t *testing.T) {
 	}
 	if fault.IsInvalid(fault.NotFound("x")) {
 		t.Fatal("not found must not read as invalid")
-	}
-	if fault.AsInvalid(nil) != nil {
-		t.Fatal("AsInvalid(nil) must be nil")
 	}
 }

@@ -58,55 +58,25 @@ func Defaults(name string) Config {
 	}
 }
 
-// RegisterFlags binds c's fields to flags on fs. Each flag's default is the
-// matching environment variable when set (SHIZU_NATS_URL for -nats-url and
-// so on), else c's current value, so flags override the environment.
+// RegisterFlags binds c's fields to flags on fs. Each flag's default is
+// its environment variable when set, SHIZU_<SERVICE>_<FLAG> or the common
+// name every service reads (SHIZU_NATS_URL for -nats-url and so on), else
+// c's current value, so flags override the environment.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	c.NATS.URL = c.env("SHIZU_NATS_URL", c.NATS.URL)
-	c.NATS.User = c.env("SHIZU_NATS_USER", c.NATS.User)
-	c.NATS.Password = c.env("SHIZU_NATS_PASSWORD", c.NATS.Password)
-	c.NATS.CAFile = c.env("SHIZU_NATS_CA", c.NATS.CAFile)
-	c.NATS.CertFile = c.env("SHIZU_NATS_CERT", c.NATS.CertFile)
-	c.NATS.KeyFile = c.env("SHIZU_NATS_KEY", c.NATS.KeyFile)
-	c.RedisURL = c.env("SHIZU_REDIS_URL", c.RedisURL)
-	c.HTTPAddr = c.env("SHIZU_HTTP_ADDR", c.HTTPAddr)
-	c.LogLevel = c.env("SHIZU_LOG_LEVEL", c.LogLevel)
-	c.LogFormat = c.env("SHIZU_LOG_FORMAT", c.LogFormat)
-	c.OTLPEndpoint = c.env("OTEL_EXPORTER_OTLP_ENDPOINT", c.OTLPEndpoint)
-	c.ShutdownTimeout = c.envDuration("SHIZU_SHUTDOWN_TIMEOUT", c.ShutdownTimeout)
-
-	fs.StringVar(&c.NATS.URL, "nats-url", c.NATS.URL, "NATS server URL(s), comma-separated [SHIZU_NATS_URL]")
-	fs.StringVar(&c.NATS.User, "nats-user", c.NATS.User, "NATS user of this service [SHIZU_NATS_USER]")
-	fs.StringVar(&c.NATS.Password, "nats-password", c.NATS.Password, "NATS password; prefer the environment [SHIZU_NATS_PASSWORD]")
-	fs.StringVar(&c.NATS.CAFile, "nats-ca", c.NATS.CAFile, "CA certificate (PEM) that signed the NATS server's; enables TLS 1.3 [SHIZU_NATS_CA]")
-	fs.StringVar(&c.NATS.CertFile, "nats-cert", c.NATS.CertFile, "client certificate (PEM) for mutual TLS [SHIZU_NATS_CERT]")
-	fs.StringVar(&c.NATS.KeyFile, "nats-key", c.NATS.KeyFile, "client key (PEM) for mutual TLS [SHIZU_NATS_KEY]")
-	fs.StringVar(&c.RedisURL, "redis-url", c.RedisURL, "Redis URL, e.g. redis://127.0.0.1:6379/0 [SHIZU_REDIS_URL]")
-	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address of /healthz, /readyz and /metrics; empty disables [SHIZU_HTTP_ADDR]")
-	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error [SHIZU_LOG_LEVEL]")
-	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or text [SHIZU_LOG_FORMAT]")
-	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", c.OTLPEndpoint, "OTLP/HTTP collector, host:port or URL; empty serves Prometheus /metrics instead [OTEL_EXPORTER_OTLP_ENDPOINT]")
-	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "bound on the graceful drain at shutdown [SHIZU_SHUTDOWN_TIMEOUT]")
-}
-
-func (c *Config) env(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok {
-		return v
-	}
-	return def
-}
-
-func (c *Config) envDuration(key string, def time.Duration) time.Duration {
-	v, ok := os.LookupEnv(key)
-	if !ok {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a duration (e.g. 15s)", key, v))
-		return def
-	}
-	return d
+	f := c.Flags(fs)
+	f.String(&c.NATS.URL, "nats-url", "NATS server URL(s), comma-separated", Alias("SHIZU_NATS_URL"))
+	f.String(&c.NATS.User, "nats-user", "NATS user of this service", Alias("SHIZU_NATS_USER"))
+	f.String(&c.NATS.Password, "nats-password", "NATS password; prefer the environment", Alias("SHIZU_NATS_PASSWORD"))
+	f.String(&c.NATS.CAFile, "nats-ca", "CA certificate (PEM) that signed the NATS server's; enables TLS 1.3", Alias("SHIZU_NATS_CA"))
+	f.String(&c.NATS.CertFile, "nats-cert", "client certificate (PEM) for mutual TLS", Alias("SHIZU_NATS_CERT"))
+	f.String(&c.NATS.KeyFile, "nats-key", "client key (PEM) for mutual TLS", Alias("SHIZU_NATS_KEY"))
+	f.String(&c.RedisURL, "redis-url", "Redis URL, e.g. redis://127.0.0.1:6379/0", Alias("SHIZU_REDIS_URL"))
+	f.String(&c.HTTPAddr, "http-addr", "address of /healthz, /readyz and /metrics; empty disables", Alias("SHIZU_HTTP_ADDR"))
+	f.String(&c.LogLevel, "log-level", "debug, info, warn or error", Alias("SHIZU_LOG_LEVEL"))
+	f.String(&c.LogFormat, "log-format", "json or text", Alias("SHIZU_LOG_FORMAT"))
+	f.String(&c.OTLPEndpoint, "otlp-endpoint", "OTLP/HTTP collector, host:port or URL; empty serves Prometheus /metrics instead",
+		Alias("OTEL_EXPORTER_OTLP_ENDPOINT"))
+	f.Duration(&c.ShutdownTimeout, "shutdown-timeout", "bound on the graceful drain at shutdown", Alias("SHIZU_SHUTDOWN_TIMEOUT"))
 }
 
 // Validate reports every problem, each prefixed by its section.

@@ -142,11 +142,3 @@ func EnsureConsumers(ctx context.Context, rt *Runtime, specs ...bus.Consumer) er
 	}
 	return nil
 }
-
-// DeclaredConsumers is a setup for Run that ensures the durable consumers
-// the topology declares for the named service and starts nothing else.
-func DeclaredConsumers(consumers ...bus.Consumer) func(ctx context.Context, rt *Runtime) ([]Part, error) {
-	return func(ctx context.Context, rt *Runtime) ([]Part, error) {
-		return nil, EnsureConsumers(ctx, rt, consumers...)
-	}
-}

@@ -46,7 +46,7 @@ func Start(ctx context.Context, cfg Config) (rt *Runtime, err error) {
 	rt = &Runtime{Config: cfg, Telemetry: tel, Log: tel.Logger()}
 	defer func() {
 		if err != nil {
-			closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			_ = rt.Close(closeCtx)
 		}

@@ -40,7 +40,7 @@ func TestServiceWaitsForProvisioningThenServesReadyAndStopsCleanly(t *testing.T)
 	go func() {
 		done <- service.Run(ctx, cfg, func(ctx context.Context, rt *service.Runtime) ([]service.Part, error) {
 			addr <- rt.HTTPAddr()
-			return service.DeclaredConsumers(sched.Consumers...)(ctx, rt)
+			return nil, service.EnsureConsumers(ctx, rt, sched.Consumers...)
 		})
 	}()
 	httpAddr := <-addr
@@ -65,7 +65,7 @@ func TestServiceWaitsForProvisioningThenServesReadyAndStopsCleanly(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close(context.Background())
+	defer admin.Close(context.WithoutCancel(t.Context()))
 	if err := admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatal(err)
 	}

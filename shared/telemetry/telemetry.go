@@ -2,8 +2,7 @@
 //
 // Setup never touches the OpenTelemetry globals, because `shizu dev` runs
 // every service in one process: each service gets its own providers, its own
-// Prometheus registry and its own logger. Binaries that run a single service
-// may call SetGlobal.
+// Prometheus registry and its own logger.
 package telemetry
 
 import (
@@ -23,20 +22,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	promexp "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
-	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // DefaultShutdownTimeout bounds Shutdown when its context has no deadline.
@@ -162,18 +158,6 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	return t, nil
 }
 
-// Noop returns telemetry that records nothing and logs nowhere, for code
-// paths that need one but do not care. Span contexts still propagate.
-func Noop() *Telemetry {
-	return &Telemetry{
-		tp:      tracenoop.NewTracerProvider(),
-		mp:      metricnoop.NewMeterProvider(),
-		prop:    propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
-		logger:  slog.New(slog.DiscardHandler),
-		metrics: http.NotFoundHandler(),
-	}
-}
-
 // TracerProvider returns the service's tracer provider.
 func (t *Telemetry) TracerProvider() trace.TracerProvider { return t.tp }
 
@@ -200,18 +184,6 @@ func (t *Telemetry) Meter(name string, opts ...metric.MeterOption) metric.Meter 
 // MetricsHandler serves the service's metrics in the Prometheus text format.
 // It answers 404 when metrics are exported over OTLP instead.
 func (t *Telemetry) MetricsHandler() http.Handler { return t.metrics }
-
-// SetGlobal installs the providers and propagator as the OpenTelemetry
-// globals and routes OpenTelemetry's internal errors to the logger. Only a
-// binary that runs a single service should call it.
-func (t *Telemetry) SetGlobal() {
-	otel.SetTracerProvider(t.tp)
-	otel.SetMeterProvider(t.mp)
-	otel.SetTextMapPropagator(t.prop)
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		t.logger.Warn("opentelemetry error", "error", err)
-	}))
-}
 
 // Shutdown flushes and stops the providers. It returns by ctx's deadline, or
 // after DefaultShutdownTimeout when ctx has none, even when the collector is

@@ -159,21 +159,6 @@ func TestLoggerRespectsTheLevel(t *testing.T) {
 	assert.Empty(t, buf.String())
 }
 
-func TestNoopRecordsNothingButPropagates(t *testing.T) {
-	t.Parallel()
-	tel := telemetry.Noop()
-	parent, span := setup(t, telemetry.Config{ServiceName: "scheduler", LogWriter: io.Discard}).
-		Tracer("shizu.test").Start(t.Context(), "parent")
-	defer span.End()
-
-	_, child := tel.Tracer("shizu.test").Start(parent, "child")
-	assert.Equal(t, span.SpanContext().TraceID(), child.SpanContext().TraceID())
-	_, err := tel.Meter("shizu.test").Int64Counter("shizu.test.rentals")
-	require.NoError(t, err)
-	tel.Logger().Info("nowhere")
-	assert.NoError(t, tel.Shutdown(t.Context()))
-}
-
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	valid := telemetry.Config{ServiceName: "scheduler"}
@@ -224,7 +209,7 @@ func setup(t *testing.T, cfg telemetry.Config) *telemetry.Telemetry {
 	t.Helper()
 	tel, err := telemetry.Setup(t.Context(), cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, tel.Shutdown(context.Background())) })
+	t.Cleanup(func() { assert.NoError(t, tel.Shutdown(context.WithoutCancel(t.Context()))) })
 	return tel
 }
 

@@ -65,13 +65,13 @@ func startRedisOn(t testing.TB, bin string, port int) (*Redis, error) {
 		}
 		select {
 		case werr := <-exited:
-			return nil, fmt.Errorf("redis-server on port %d exited: %v", port, werr)
+			return nil, fmt.Errorf("redis-server on port %d exited: %w", port, werr)
 		default:
 		}
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
 			<-exited
-			return nil, fmt.Errorf("redis-server on port %d did not answer PING within 10s: %v", port, err)
+			return nil, fmt.Errorf("redis-server on port %d did not answer PING within 10s: %w", port, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

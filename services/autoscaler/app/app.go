@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -55,10 +54,6 @@ type Config struct {
 	SpotCapacity int
 	// KeyPrefix starts the autoscaler's Redis keys (default "shizu").
 	KeyPrefix string
-
-	// envErrs are SHIZU_AUTOSCALER_* values that did not parse; Validate
-	// reports them.
-	envErrs []error
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -66,36 +61,22 @@ func DefaultConfig() Config {
 	return Config{Service: service.Defaults(topology.Autoscaler), Tick: 5 * time.Second, SpotCapacity: -1, KeyPrefix: "shizu"}
 }
 
-// RegisterFlags binds the autoscaler's own flags, with defaults from
-// SHIZU_AUTOSCALER_* variables.
+// RegisterFlags binds the autoscaler's own flags, each with a
+// SHIZU_AUTOSCALER_<FLAG> variable (service.Flags).
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	if v, ok := os.LookupEnv("SHIZU_AUTOSCALER_POLICY"); ok {
-		c.PolicyFile = v
-	}
-	if v, ok := os.LookupEnv("SHIZU_AUTOSCALER_NODE_AGENT"); ok {
-		c.NodeAgentBinary = v
-	}
-	if v, ok := os.LookupEnv("SHIZU_NODE_AGENT_NATS_PASSWORD"); ok {
-		c.AgentNATSPassword = v
-	}
-	if v, ok := os.LookupEnv("SHIZU_AUTOSCALER_SPOT_CAPACITY"); ok {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			c.envErrs = append(c.envErrs, fmt.Errorf("SHIZU_AUTOSCALER_SPOT_CAPACITY: %q is not a whole number", v))
-		} else {
-			c.SpotCapacity = n
-		}
-	}
-	fs.StringVar(&c.PolicyFile, "policy", c.PolicyFile, "pools and fleet policy file (JSON) [SHIZU_AUTOSCALER_POLICY]")
-	fs.DurationVar(&c.Tick, "tick", c.Tick, "how often pools and the fleet are re-evaluated without an event")
-	fs.StringVar(&c.NodeAgentBinary, "node-agent", c.NodeAgentBinary, "node-agent executable for the local provider; empty disables provisioning [SHIZU_AUTOSCALER_NODE_AGENT]")
-	fs.IntVar(&c.SpotCapacity, "spot-capacity", c.SpotCapacity, "spot nodes the local provider can supply at once, -1 unlimited [SHIZU_AUTOSCALER_SPOT_CAPACITY]")
+	f := c.Service.Flags(fs)
+	f.String(&c.PolicyFile, "policy", "pools and fleet policy file (JSON)")
+	f.Duration(&c.Tick, "tick", "how often pools and the fleet are re-evaluated without an event")
+	f.String(&c.NodeAgentBinary, "node-agent", "node-agent executable for the local provider; empty disables provisioning")
+	f.String(&c.AgentNATSPassword, "agent-nats-password", "NATS password of the node-agent user, handed to the agents the local provider starts",
+		service.Alias("SHIZU_NODE_AGENT_NATS_PASSWORD"))
+	f.Int(&c.SpotCapacity, "spot-capacity", "spot nodes the local provider can supply at once, -1 unlimited")
 }
 
 // Validate reports every problem in the configuration, including the
 // policy file's.
 func (c Config) Validate() error {
-	errs := append([]error(nil), c.envErrs...)
+	var errs []error
 	if err := c.Service.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -190,7 +171,7 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 				return nil, err
 			}
 			prov = local
-			parts = append(parts, stopFunc(local.Close))
+			parts = append(parts, service.PartFunc(local.Close))
 		}
 		s := newScaler(rt.Bus, rt.Redis, cfg.KeyPrefix, caps, prov, file, deps.Now, rt.Log, m)
 		routers := map[string]*bus.Router{}
@@ -224,8 +205,8 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 			}
 			parts = append(parts, service.Subscription{Subscription: sub})
 		}
-		parts = append(parts, startLoop(ctx, cfg.Tick, func(ctx context.Context) {
-			now := s.now()
+		parts = append(parts, service.StartLoop(ctx, cfg.Tick, func(ctx context.Context, _ time.Time) {
+			now := s.now() // the injected clock, not the ticker's
 			s.tickPools(ctx, now)
 			if err := s.tickFleet(ctx, now); err != nil {
 				s.log.WarnContext(ctx, "fleet tick failed", "err", err)
@@ -266,44 +247,4 @@ func newLocalProvider(cfg Config, file policy.File) (*provider.Local, error) {
 		SpotCapacity: cfg.SpotCapacity,
 		Output:       os.Stderr,
 	})
-}
-
-// stopFunc adapts a function to a service.Part.
-type stopFunc func(ctx context.Context) error
-
-func (f stopFunc) Stop(ctx context.Context) error { return f(ctx) }
-
-// loop runs a function every period until stopped.
-type loop struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func startLoop(ctx context.Context, every time.Duration, fn func(context.Context)) *loop {
-	ctx, cancel := context.WithCancel(ctx)
-	l := &loop{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(l.done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				fn(ctx)
-			}
-		}
-	}()
-	return l
-}
-
-func (l *loop) Stop(ctx context.Context) error {
-	l.cancel()
-	select {
-	case <-l.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

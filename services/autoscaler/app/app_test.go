@@ -30,8 +30,6 @@ import (
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
-func password(user string) string { return "pw-" + user }
-
 // env is a running autoscaler on real NATS and Redis, with an admin
 // connection that plays the tenant's gateway and the scheduler.
 type env struct {
@@ -103,21 +101,9 @@ func start(t testing.TB, file policy.File) *env {
 
 func startWith(t testing.TB, file policy.File, mutate func(*app.Config, *app.Deps)) *env {
 	t.Helper()
-	n := testkit.StartNATS(t, testkit.WithUsers(topology.Users(), password))
-	r := testkit.StartRedis(t)
-	admin, err := bus.Connect(t.Context(), bus.Config{URL: n.URL, User: topology.Admin, Password: password(topology.Admin)}, bus.Instruments{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = admin.Close(context.Background()) })
-	if err := admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
-		t.Fatal(err)
-	}
-	caps, err := capacity.New(r.Client(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{admin: admin, caps: caps, prov: provider.NewMemory(), seen: &recorder{msgs: map[string][]*nats.Msg{}}}
+	p := testkit.Platform(t)
+	admin := p.Admin
+	e := &env{admin: admin, caps: p.Capacity(t), prov: provider.NewMemory(), seen: &recorder{msgs: map[string][]*nats.Msg{}}}
 	for _, p := range []string{"scale.>", "rental.>", "agent.*.cmd.*"} {
 		e.seen.listen(t, admin.NATS(), p)
 	}
@@ -126,20 +112,15 @@ func startWith(t testing.TB, file policy.File, mutate func(*app.Config, *app.Dep
 	}
 
 	cfg := app.DefaultConfig()
-	cfg.Service.NATS.URL, cfg.Service.NATS.Password = n.URL, password(topology.Autoscaler)
-	cfg.Service.RedisURL = "redis://" + r.Addr + "/0"
-	cfg.Service.HTTPAddr = ""
-	cfg.Service.LogFormat = "text"
-	cfg.Service.LogWriter = t.Output()
-	cfg.Service.ShutdownTimeout = 5 * time.Second
+	cfg.Service = p.ServiceConfig(t, topology.Autoscaler)
 	cfg.Tick = 50 * time.Millisecond
 	deps := app.Deps{Provider: e.prov, Policy: &file}
 	if mutate != nil {
 		mutate(&cfg, &deps)
 	}
-	e.redis = r
+	e.redis = p.Redis
 	e.restart = func() {
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 		done := make(chan error, 1)
 		go func() { done <- app.RunWith(ctx, cfg, deps) }()
 		var once sync.Once
@@ -496,7 +477,7 @@ func TestAShortageStartsLocalAgentsThatRegisterAndIdleOnesAreDrainedAndStopped(t
 	t.Setenv("STANDIN_REGISTER", "1")
 	e := startWith(t, testPolicy(), func(cfg *app.Config, deps *app.Deps) {
 		cfg.NodeAgentBinary = bin
-		cfg.AgentNATSPassword = password(topology.NodeAgent)
+		cfg.AgentNATSPassword = testkit.Password(topology.NodeAgent)
 		deps.Provider = nil
 	})
 	shortage := &shizuv1.CapacityShortage{
@@ -521,7 +502,7 @@ func TestAShortageStartsLocalAgentsThatRegisterAndIdleOnesAreDrainedAndStopped(t
 		t.Fatal(err)
 	}
 	for _, want := range []string{"-simulate h100x8 -node-id " + node, "SHIZU_NATS_USER=node-agent",
-		"SHIZU_NATS_PASSWORD=" + password(topology.NodeAgent), "SHIZU_REDIS_URL=redis://", "SHIZU_NODE_ZONE=z1"} {
+		"SHIZU_NATS_PASSWORD=" + testkit.Password(topology.NodeAgent), "SHIZU_REDIS_URL=redis://", "SHIZU_NODE_ZONE=z1"} {
 		if !strings.Contains(string(rec), want) {
 			t.Errorf("agent started without %q:\n%s", want, rec)
 		}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shizu-gpu/shizu/services/autoscaler/app"
 )
@@ -73,5 +74,40 @@ func TestConfigValidationReportsABadSpotCapacity(t *testing.T) {
 	cfg.SpotCapacity = -1
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("spot capacity -1 (unlimited): %v", err)
+	}
+}
+
+func TestEveryAutoscalerFlagHasASHIZU_AUTOSCALERVariable(t *testing.T) {
+	t.Parallel()
+	cfg := app.DefaultConfig()
+	fs := flag.NewFlagSet("autoscaler", flag.ContinueOnError)
+	cfg.Service.RegisterFlags(fs)
+	cfg.RegisterFlags(fs)
+	fs.VisitAll(func(f *flag.Flag) {
+		want := "[SHIZU_AUTOSCALER_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if !strings.Contains(f.Usage, want) {
+			t.Errorf("-%s: help %q does not name %s]", f.Name, f.Usage, want)
+		}
+	})
+}
+
+func TestTheAutoscalersExistingVariablesStillConfigureIt(t *testing.T) {
+	// Not parallel: it sets environment variables.
+	t.Setenv("SHIZU_AUTOSCALER_POLICY", "/etc/shizu/policy.json")
+	t.Setenv("SHIZU_AUTOSCALER_NODE_AGENT", "/usr/bin/node-agent")
+	t.Setenv("SHIZU_NODE_AGENT_NATS_PASSWORD", "agent-secret")
+	t.Setenv("SHIZU_AUTOSCALER_TICK", "2s")
+	cfg := app.DefaultConfig()
+	fs := flag.NewFlagSet("autoscaler", flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	if cfg.PolicyFile != "/etc/shizu/policy.json" || cfg.NodeAgentBinary != "/usr/bin/node-agent" ||
+		cfg.AgentNATSPassword != "agent-secret" || cfg.Tick != 2*time.Second {
+		t.Fatalf("environment not applied: %+v", cfg)
+	}
+	if err := fs.Parse([]string{"-tick", "9s", "-node-agent", ""}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Tick != 9*time.Second || cfg.NodeAgentBinary != "" {
+		t.Errorf("the command line must win: tick %s, node agent %q", cfg.Tick, cfg.NodeAgentBinary)
 	}
 }

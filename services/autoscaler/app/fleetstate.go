@@ -85,7 +85,7 @@ func (f fleetStore) covered(ctx context.Context, rentals []string) (map[string]b
 	}
 	vals, err := f.rdb.MGet(ctx, keys...).Result()
 	if err != nil {
-		return nil, fault.Unavailable("read provisioning claims: %v", err)
+		return nil, fault.Unavailable("read provisioning claims: %w", err)
 	}
 	for i, v := range vals {
 		if v != nil {
@@ -107,7 +107,7 @@ func (f fleetStore) claim(ctx context.Context, rentals []string, owner string, t
 	}
 	idx, err := claimScript.Run(ctx, f.rdb, keys, owner, max(ttl.Milliseconds(), 1)).Int64Slice()
 	if err != nil {
-		return nil, fault.Unavailable("claim rentals for provisioning: %v", err)
+		return nil, fault.Unavailable("claim rentals for provisioning: %w", err)
 	}
 	var taken []string
 	for _, i := range idx {
@@ -126,7 +126,7 @@ func (f fleetStore) unclaim(ctx context.Context, rentals []string, owner string)
 		keys[i] = f.claimKey(r)
 	}
 	if err := unclaimScript.Run(ctx, f.rdb, keys, owner).Err(); err != nil {
-		return fault.Unavailable("give back provisioning claims: %v", err)
+		return fault.Unavailable("give back provisioning claims: %w", err)
 	}
 	return nil
 }
@@ -145,7 +145,7 @@ func (f fleetStore) addNodes(ctx context.Context, nodes []provisionedNode) error
 		vals = append(vals, n.ID, data)
 	}
 	if err := f.rdb.HSet(ctx, f.nodesKey(), vals...).Err(); err != nil {
-		return fault.Unavailable("record provisioned nodes: %v", err)
+		return fault.Unavailable("record provisioned nodes: %w", err)
 	}
 	return nil
 }
@@ -154,7 +154,7 @@ func (f fleetStore) addNodes(ctx context.Context, nodes []provisionedNode) error
 func (f fleetStore) nodes(ctx context.Context) ([]provisionedNode, error) {
 	raw, err := f.rdb.HGetAll(ctx, f.nodesKey()).Result()
 	if err != nil {
-		return nil, fault.Unavailable("read provisioned nodes: %v", err)
+		return nil, fault.Unavailable("read provisioned nodes: %w", err)
 	}
 	out := make([]provisionedNode, 0, len(raw))
 	for id, data := range raw {
@@ -171,7 +171,7 @@ func (f fleetStore) nodes(ctx context.Context) ([]provisionedNode, error) {
 // removeNode forgets a released node.
 func (f fleetStore) removeNode(ctx context.Context, id string) error {
 	if err := f.rdb.HDel(ctx, f.nodesKey(), id).Err(); err != nil {
-		return fault.Unavailable("forget released node %s: %v", id, err)
+		return fault.Unavailable("forget released node %s: %w", id, err)
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -18,7 +17,6 @@ import (
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/testkit"
-	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
 // replicaEnv is real NATS (with the streams) and Redis shared by scalers
@@ -33,21 +31,8 @@ type replicaEnv struct {
 
 func newReplicaEnv(t *testing.T, file policy.File) *replicaEnv {
 	t.Helper()
-	n := testkit.StartNATS(t)
-	r := testkit.StartRedis(t)
-	conn, err := bus.Connect(t.Context(), bus.Config{URL: n.URL, Name: "replicas"}, bus.Instruments{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	if err := conn.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
-		t.Fatal(err)
-	}
-	caps, err := capacity.New(r.Client(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &replicaEnv{t: t, pub: conn, redis: r, caps: caps, file: file}
+	p := testkit.Platform(t, testkit.WithoutUsers())
+	return &replicaEnv{t: t, pub: p.Admin, redis: p.Redis, caps: p.Capacity(t), file: file}
 }
 
 // replica starts one scaler (a replica, or the same one after a restart:

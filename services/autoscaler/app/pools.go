@@ -68,7 +68,7 @@ func (s poolStore) put(ctx context.Context, id string, d declaredPool) (stale bo
 	}
 	res, err := putPoolScript.Run(ctx, s.rdb, []string{s.key()}, id, d.Seq, data, d.Tenant).Slice()
 	if err != nil {
-		return false, fault.Unavailable("store pool %s: %v", id, err)
+		return false, fault.Unavailable("store pool %s: %w", id, err)
 	}
 	code, _ := res[0].(int64)
 	switch code {
@@ -88,7 +88,7 @@ func (s poolStore) get(ctx context.Context, id string) (policy.Pool, bool, error
 		return policy.Pool{}, false, nil
 	}
 	if err != nil {
-		return policy.Pool{}, false, fault.Unavailable("read pool %s: %v", id, err)
+		return policy.Pool{}, false, fault.Unavailable("read pool %s: %w", id, err)
 	}
 	return decodeDeclared(id, raw)
 }
@@ -98,7 +98,7 @@ func (s poolStore) get(ctx context.Context, id string) (policy.Pool, bool, error
 func (s poolStore) all(ctx context.Context) ([]policy.Pool, error) {
 	raw, err := s.rdb.HGetAll(ctx, s.key()).Result()
 	if err != nil {
-		return nil, fault.Unavailable("read declared pools: %v", err)
+		return nil, fault.Unavailable("read declared pools: %w", err)
 	}
 	var out []policy.Pool
 	var errs []error
@@ -170,7 +170,7 @@ func (s *scaler) onPoolDeclared(ctx context.Context, ev *shizuv1.PoolDeclared, d
 	if !rec.Withdrawn {
 		p, err := policy.ParsePool(ev.GetPolicyJson())
 		if err != nil {
-			return fault.Invalid("pool %s policy:\n%v", id, err)
+			return fault.Invalid("pool %s policy:\n%w", id, err)
 		}
 		var problems []string
 		if p.ID != id {
@@ -186,7 +186,7 @@ func (s *scaler) onPoolDeclared(ctx context.Context, ev *shizuv1.PoolDeclared, d
 	}
 	stale, err := s.declared.put(ctx, id, rec)
 	if errors.Is(err, errPoolOwned) {
-		return fault.Invalid("%v; a pool keeps the tenant it was declared for until it is withdrawn", err)
+		return fault.Invalid("%w; a pool keeps the tenant it was declared for until it is withdrawn", err)
 	}
 	if err != nil {
 		return err

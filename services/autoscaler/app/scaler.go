@@ -23,6 +23,7 @@ import (
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/rent"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -263,14 +264,14 @@ func (s *scaler) apply(ctx context.Context, pool policy.Pool, rec *poolRecord, d
 		Reason: fmt.Sprintf("%s; new replicas on %s (%s)", d.Reason, d.Market, d.MarketRule)}
 	subj, err := subject.Format(subject.ScaleDecided, pool.ID)
 	if err != nil {
-		return fault.Invalid("pool %s: %v", pool.ID, err)
+		return fault.Invalid("pool %s: %w", pool.ID, err)
 	}
 	if _, err := s.pub.Publish(ctx, subj, decided); err != nil {
 		return err
 	}
 	rentalSubj, err := subject.Format(subject.RentalRequested, pool.Tenant)
 	if err != nil {
-		return fault.Invalid("pool %s tenant: %v", pool.ID, err)
+		return fault.Invalid("pool %s tenant: %w", pool.ID, err)
 	}
 	cancelSubj, _ := subject.Format(subject.RentalCancelRequested, pool.Tenant)
 	for len(rec.Rentals) < d.To {
@@ -325,16 +326,6 @@ func (s *scaler) onTelemetry(_ context.Context, ev *shizuv1.NodeTelemetry, _ bus
 	return nil
 }
 
-func marketOf(m shizuv1.Market) fleet.Market {
-	switch m {
-	case shizuv1.Market_MARKET_SPOT:
-		return fleet.Spot
-	case shizuv1.Market_MARKET_ON_DEMAND:
-		return fleet.OnDemand
-	}
-	return ""
-}
-
 // onShortage provisions nodes for rentals the scheduler cannot place.
 func (s *scaler) onShortage(ctx context.Context, ev *shizuv1.CapacityShortage, _ bus.Delivery) error {
 	if len(s.file.Fleet.InstanceTypes) == 0 || s.prov == nil {
@@ -343,7 +334,7 @@ func (s *scaler) onShortage(ctx context.Context, ev *shizuv1.CapacityShortage, _
 	}
 	miss := ev.GetMissing()
 	sh := fleet.Shortage{EventID: ev.GetMeta().GetEventId(), GPUCount: int(miss.GetGpuCount()), Models: miss.GetModels(),
-		Zone: miss.GetZone(), Market: marketOf(miss.GetMarket()), Rentals: ev.GetRentalIds()}
+		Zone: miss.GetZone(), Market: rent.MarketOf(miss.GetMarket()), Rentals: ev.GetRentalIds()}
 	return s.provisionFor(ctx, sh, subject.FleetPool, "")
 }
 
@@ -391,7 +382,7 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 	if why != "" {
 		plan.Reason = why + "; " + plan.Reason
 	}
-	ids, err := s.prov.Provision(ctx, plan.InstanceType.Name, provider.Market(plan.Market), plan.Zone, plan.Count)
+	ids, err := s.prov.Provision(ctx, plan.InstanceType.Name, plan.Market, plan.Zone, plan.Count)
 	if errors.Is(err, provider.ErrInsufficientCapacity) && plan.Market == fleet.Spot && sh.Market == "" {
 		// Spot is short and the rentals take either market: on-demand.
 		s.markSpotShort(ctx, now)
@@ -405,11 +396,11 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 		if uerr := s.fleet.unclaim(context.WithoutCancel(ctx), plan.Rentals, sh.EventID); uerr != nil {
 			s.log.WarnContext(ctx, "could not give back provisioning claims", "err", uerr)
 		}
-		return fault.Unavailable("provision %d %s on %s: %v", plan.Count, plan.InstanceType.Name, plan.Market, err)
+		return fault.Unavailable("provision %d %s on %s: %w", plan.Count, plan.InstanceType.Name, plan.Market, err)
 	}
 	recs := make([]provisionedNode, len(ids))
 	for i, id := range ids {
-		recs[i] = provisionedNode{ID: id, InstanceType: plan.InstanceType.Name, Market: provider.Market(plan.Market),
+		recs[i] = provisionedNode{ID: id, InstanceType: plan.InstanceType.Name, Market: plan.Market,
 			Zone: plan.Zone, Pool: poolID, CreatedAt: now}
 	}
 	if err := s.fleet.addNodes(context.WithoutCancel(ctx), recs); err != nil {
@@ -421,12 +412,9 @@ func (s *scaler) provisionFor(ctx context.Context, sh fleet.Shortage, poolID, wh
 		"zone", plan.Zone, "count", len(ids), "reason", plan.Reason)
 	subj, err := subject.Format(subject.ScaleProvisionRequested, poolID)
 	if err != nil {
-		return fault.Invalid("pool %s: %v", poolID, err)
+		return fault.Invalid("pool %s: %w", poolID, err)
 	}
-	m := shizuv1.Market_MARKET_ON_DEMAND
-	if plan.Market == fleet.Spot {
-		m = shizuv1.Market_MARKET_SPOT
-	}
+	m := plan.Market.Proto() // PlanProvision always names a market
 	_, err = s.pub.Publish(ctx, subj, &shizuv1.NodeProvisionRequested{
 		Meta: &shizuv1.EventMeta{EventId: "provision:" + sh.EventID, OccurredAt: timestamppb.New(now), Source: topology.Autoscaler,
 			CausationId: sh.EventID, CorrelationId: poolID},
@@ -444,7 +432,7 @@ func (s *scaler) fleetNodes(ctx context.Context) ([]provisionedNode, error) {
 	}
 	listed, err := s.prov.List(ctx)
 	if err != nil {
-		return nil, fault.Unavailable("provider list: %v", err)
+		return nil, fault.Unavailable("provider list: %w", err)
 	}
 	out := recorded
 	for _, n := range listed {
@@ -543,7 +531,7 @@ func (s *scaler) drain(ctx context.Context, a fleet.Action, now time.Time) error
 	id := "cmd:drain:" + a.Node + ":" + strconv.FormatInt(epoch, 10)
 	subj, err := subject.Format(subject.AgentCmd, a.Node, "drain")
 	if err != nil {
-		return fault.Invalid("node %s: %v", a.Node, err)
+		return fault.Invalid("node %s: %w", a.Node, err)
 	}
 	if _, err := s.pub.Publish(ctx, subj, &shizuv1.DrainNode{
 		Meta:   &shizuv1.EventMeta{EventId: id, OccurredAt: timestamppb.New(now), Source: topology.Autoscaler, CorrelationId: a.Node},

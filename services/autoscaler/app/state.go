@@ -89,7 +89,7 @@ func (s stateStore) read(ctx context.Context, c redis.Cmdable, key string) (pool
 		return rec, nil
 	}
 	if err != nil {
-		return rec, fault.Unavailable("read %s: %v", key, err)
+		return rec, fault.Unavailable("read %s: %w", key, err)
 	}
 	if err := json.Unmarshal(raw, &rec); err != nil {
 		return rec, fmt.Errorf("decode %s: %w", key, err)

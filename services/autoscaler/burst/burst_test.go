@@ -89,13 +89,14 @@ func TestTheBurstRunIsReproducibleAndReportsBothPools(t *testing.T) {
 	if a.Decisions == 0 || a.AlwaysOnReplicas == 0 || a.GPUHours <= 0 {
 		t.Fatalf("degenerate run: %+v", a)
 	}
-	// The pool followed the load: it grew at least tenfold from its trough.
+	// The pool followed the load: it grew at least tenfold from its trough
+	// (on the sale day it goes from 2 to 56 replicas).
 	lo, hi := math.MaxInt, 0
 	for _, p := range a.Points {
 		lo, hi = min(lo, p.Requested), max(hi, p.Requested)
 	}
-	if hi < 4*lo {
-		t.Fatalf("replicas ranged %d..%d; the pool did not follow a 10x burst", lo, hi)
+	if hi < 10*lo {
+		t.Fatalf("replicas ranged %d..%d; the pool did not grow tenfold with the burst", lo, hi)
 	}
 	// The always-on pool is the smallest meeting the SLO at the peak.
 	if a.AlwaysOnP99 > a.Scenario.SLO {

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // Duration is a time.Duration written as a Go duration string ("90s", "5m").
@@ -38,13 +40,14 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 // D is d as a time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
-// Market is how a node is bought.
-type Market string
+// Market is how a node is bought: Shizu's one market vocabulary,
+// shared/rent.
+type Market = rent.Market
 
 // Markets.
 const (
-	OnDemand Market = "on-demand"
-	Spot     Market = "spot"
+	OnDemand = rent.OnDemand
+	Spot     = rent.Spot
 )
 
 // Config is the fleet section of the policy file.

@@ -4,16 +4,17 @@ import (
 	"fmt"
 	"time"
 
-	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
-// Market is where a replica (or node) is bought.
-type Market string
+// Market is where a replica (or node) is bought: Shizu's one market
+// vocabulary, shared/rent (Market.Plan is a replica's rental plan).
+type Market = rent.Market
 
 // Markets.
 const (
-	OnDemand Market = "on-demand"
-	Spot     Market = "spot"
+	OnDemand = rent.OnDemand
+	Spot     = rent.Spot
 )
 
 // Market rule names.
@@ -23,22 +24,6 @@ const (
 	RuleMarketDayTime  = "market:on-demand-window"
 	RuleSpotFallback   = "market:spot-short-fallback"
 )
-
-// Plan is the rental plan of a replica bought on m.
-func (m Market) Plan() shizuv1.Plan {
-	if m == Spot {
-		return shizuv1.Plan_PLAN_SPOT
-	}
-	return shizuv1.Plan_PLAN_ON_DEMAND
-}
-
-// Proto is m as the event contract's Market.
-func (m Market) Proto() shizuv1.Market {
-	if m == Spot {
-		return shizuv1.Market_MARKET_SPOT
-	}
-	return shizuv1.Market_MARKET_ON_DEMAND
-}
 
 // ChooseMarket picks the market of new replicas at now: on-demand without a
 // mix; spot inside the mix's local spot window unless spot was reported

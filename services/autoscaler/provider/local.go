@@ -85,12 +85,12 @@ func NewLocal(cfg LocalConfig) (*Local, error) {
 // Provision starts n agents; if one fails to start, those started are
 // stopped again and the error returned.
 func (l *Local) Provision(ctx context.Context, instanceType string, market Market, zone string, n int) ([]string, error) {
+	if err := CheckCount(n); err != nil {
+		return nil, err
+	}
 	profile, ok := l.cfg.Profiles[instanceType]
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownInstanceType, instanceType)
-	}
-	if n < 1 {
-		return nil, fmt.Errorf("provision: count %d; must be at least 1", n)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -196,23 +196,6 @@ func (l *Local) List(context.Context) ([]Node, error) {
 	}
 	slices.SortFunc(out, func(a, b Node) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
-}
-
-// Exited reports whether the agent of node has exited (false for an
-// unknown node).
-func (l *Local) Exited(node string) bool {
-	l.mu.Lock()
-	c, ok := l.nodes[node]
-	l.mu.Unlock()
-	if !ok {
-		return false
-	}
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
 }
 
 // Close releases every node.

@@ -42,11 +42,11 @@ func NewMemory() *Memory {
 
 // Provision records n nodes.
 func (m *Memory) Provision(ctx context.Context, instanceType string, market Market, zone string, n int) ([]string, error) {
-	if err := ctx.Err(); err != nil {
+	if err := CheckCount(n); err != nil {
 		return nil, err
 	}
-	if n < 1 {
-		return nil, fmt.Errorf("provision: count %d; must be at least 1", n)
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	m.mu.Lock()
 	if m.Fail != nil {

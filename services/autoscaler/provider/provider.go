@@ -9,15 +9,19 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
-// Market is how a node is bought ("on-demand" or "spot").
-type Market string
+// Market is how a node is bought ("on-demand" or "spot"): Shizu's one
+// market vocabulary, shared/rent.
+type Market = rent.Market
 
 // Markets.
 const (
-	OnDemand Market = "on-demand"
-	Spot     Market = "spot"
+	OnDemand = rent.OnDemand
+	Spot     = rent.Spot
 )
 
 // Node is one node a provider runs.
@@ -34,6 +38,8 @@ type Node struct {
 type Provider interface {
 	// Provision starts n nodes and returns their ids. It provisions all or
 	// nothing; ErrInsufficientCapacity means the market has no room now.
+	// n < 1 is invalid input (fault.IsInvalid, see CheckCount), never
+	// "no nodes and no error".
 	Provision(ctx context.Context, instanceType string, market Market, zone string, n int) ([]string, error)
 	// Release stops a node; releasing an unknown or released node is not
 	// an error (it is idempotent).
@@ -48,3 +54,12 @@ var ErrInsufficientCapacity = errors.New("insufficient capacity")
 
 // ErrUnknownInstanceType: the provider does not sell this type.
 var ErrUnknownInstanceType = errors.New("unknown instance type")
+
+// CheckCount is the check every Provision makes first: asking for fewer
+// than one node is invalid input.
+func CheckCount(n int) error {
+	if n < 1 {
+		return fault.Invalid("provision: count %d; must be at least 1", n)
+	}
+	return nil
+}

@@ -11,59 +11,16 @@ import (
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
+	"github.com/shizu-gpu/shizu/services/autoscaler/provider/providertest"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 )
 
-// contract is what every Provider must do.
-func contract(t *testing.T, p provider.Provider) {
-	t.Helper()
-	ctx := t.Context()
-	ids, err := p.Provision(ctx, "p5.48xlarge", provider.OnDemand, "z1", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ids) != 2 || ids[0] == ids[1] {
-		t.Fatalf("ids %v", ids)
-	}
-	for _, id := range ids {
-		if strings.ContainsAny(id, ".*> ") {
-			t.Fatalf("node id %q is not a subject token", id)
-		}
-	}
-	more, err := p.Provision(ctx, "p5.48xlarge", provider.Spot, "z1", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodes, err := p.List(ctx)
-	if err != nil || len(nodes) != 3 {
-		t.Fatalf("list %v, %v", nodes, err)
-	}
-	for _, n := range nodes {
-		if n.InstanceType != "p5.48xlarge" || n.Zone != "z1" || n.CreatedAt.IsZero() {
-			t.Fatalf("node %+v", n)
-		}
-		if n.ID == more[0] && n.Market != provider.Spot {
-			t.Fatalf("spot node listed as %s", n.Market)
-		}
-	}
-	if _, err := p.Provision(ctx, "p5.48xlarge", provider.OnDemand, "z1", 0); err == nil {
-		t.Fatal("provisioned zero nodes without an error")
-	}
-	if err := p.Release(ctx, ids[0]); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Release(ctx, ids[0]); err != nil {
-		t.Fatalf("second release of the same node: %v", err)
-	}
-	nodes, _ = p.List(ctx)
-	if len(nodes) != 2 {
-		t.Fatalf("after release: %v", nodes)
-	}
-}
-
 func TestMemoryProviderKeepsTheContract(t *testing.T) {
 	t.Parallel()
-	contract(t, provider.NewMemory())
+	providertest.Run(t, providertest.Subject{
+		New:          func(*testing.T) provider.Provider { return provider.NewMemory() },
+		InstanceType: "p5.48xlarge",
+	})
 }
 
 func TestMemoryProviderRunsOutOfSpot(t *testing.T) {
@@ -89,10 +46,11 @@ func buildStandIn(t *testing.T) string {
 	return bin
 }
 
-func TestLocalProviderStartsAndStopsAgentProcesses(t *testing.T) {
-	t.Parallel()
-	bin := buildStandIn(t)
-	dir := t.TempDir()
+// newLocal returns a local provider starting the stand-in agent, which
+// records its arguments and environment under dir; every agent is stopped
+// at cleanup.
+func newLocal(t *testing.T, bin, dir string) *provider.Local {
+	t.Helper()
 	local, err := provider.NewLocal(provider.LocalConfig{
 		Binary:   bin,
 		Profiles: map[string]string{"p5.48xlarge": "h100x8"},
@@ -104,10 +62,34 @@ func TestLocalProviderStartsAndStopsAgentProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = local.Close(context.Background()) })
-	contract(t, local)
+	t.Cleanup(func() { _ = local.Close(context.WithoutCancel(t.Context())) })
+	return local
+}
 
+func TestLocalProviderKeepsTheContract(t *testing.T) {
+	t.Parallel()
+	bin := buildStandIn(t)
+	providertest.Run(t, providertest.Subject{
+		New:                 func(t *testing.T) provider.Provider { return newLocal(t, bin, t.TempDir()) },
+		InstanceType:        "p5.48xlarge",
+		UnknownInstanceType: "zzz",
+	})
+}
+
+func TestLocalProviderStartsAndStopsAgentProcesses(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	local := newLocal(t, buildStandIn(t), dir)
+	if _, err := local.Provision(t.Context(), "p5.48xlarge", provider.OnDemand, "z1", 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := local.Provision(t.Context(), "p5.48xlarge", provider.Spot, "z1", 1); err != nil {
+		t.Fatal(err)
+	}
 	nodes, _ := local.List(t.Context())
+	if len(nodes) != 3 {
+		t.Fatalf("listed %+v; want 3 nodes", nodes)
+	}
 	for _, n := range nodes {
 		var rec string
 		testkit.Eventually(t, 10*time.Second, func() error {
