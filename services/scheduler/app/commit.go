@@ -66,22 +66,102 @@ func (c *committer) wait() {
 	c.wg.Wait()
 }
 
-// finishRound decides for the requests that found no room (on the loop:
-// it reads the view), then records the placed ones' outcomes and
-// publishes off the loop, so the next round places while this one's
-// outcomes are being recorded and its events stored; at most
-// maxPublishing rounds at once. What that finds about the view (a
-// reservation given back, one recorded elsewhere) comes back as fixes.
-func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now time.Time) {
+// roundCommit is round.Plan's Commit for the live loop: it reserves the
+// placed jobs through the Reserver, a chunk of commitChunk placements
+// reserved while the next chunk is being placed, and reads the store and
+// the records for the round.
+type roundCommit struct {
+	s      *Scheduler
+	ctx    context.Context
+	cm     *committer
+	commit []*job
+	chunk  int
+}
+
+// Reserve queues a placed job, sending a chunk once it is full.
+func (c *roundCommit) Reserve(j *job) {
+	if c.cm == nil {
+		c.cm, c.commit, c.chunk = c.s.startCommit(c.ctx), c.commit[:0], 0
+	}
+	c.commit = append(c.commit, j)
+	if len(c.commit)-c.chunk == commitChunk {
+		c.cm.send(c.commit[c.chunk:])
+		c.chunk = len(c.commit)
+	}
+}
+
+// Settle reserves the rest and returns the jobs whose reserve the store
+// refused (capacity taken, a fenced or gone node); a transient failure
+// keeps its error, to be redelivered.
+func (c *roundCommit) Settle() []*job {
+	if c.cm == nil {
+		return nil
+	}
+	c.cm.send(c.commit[c.chunk:])
+	c.cm.wait()
+	c.cm = nil
+	var refused []*job
+	for _, j := range c.commit {
+		if capacity.IsInsufficient(j.err) || capacity.IsFenced(j.err) || capacity.IsConflict(j.err) || capacity.IsNotFound(j.err) {
+			c.s.metrics.conflict(c.ctx)
+			j.err = nil
+			refused = append(refused, j)
+		}
+	}
+	return refused
+}
+
+// Refresh re-reads the stale nodes and, with whole, the whole view when
+// the store moved.
+func (c *roundCommit) Refresh(whole bool) bool {
+	s, ctx := c.s, c.ctx
+	for _, id := range s.view.TakeStale() {
+		if err := s.refreshNode(ctx, id); err != nil {
+			s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
+		}
+	}
+	if !whole {
+		return false
+	}
+	v, err := s.d.Store.Version(ctx)
+	return err == nil && v != s.view.Version() && s.refresh(ctx) == nil
+}
+
+// Decided reads whether an outcome is recorded for the jobs' attempts (a
+// duplicate delivery of a rental scheduled, rejected or cancelled
+// meanwhile).
+func (c *roundCommit) Decided(jobs []*job) error {
+	keys := make([]string, len(jobs))
+	for i, j := range jobs {
+		keys[i] = ports.AttemptKey(j.Request.ID, j.Attempt)
+	}
+	decided, err := c.s.rec.Decided(c.ctx, keys)
+	if err != nil {
+		return err
+	}
+	for i, j := range jobs {
+		j.Decided = decided[i]
+	}
+	return nil
+}
+
+// finishRound publishes what the round's plan decided for the requests
+// that found no room (on the loop: it reads the view), then records the
+// placed ones' outcomes and publishes off the loop, so the next round
+// places while this one's outcomes are being recorded and its events
+// stored; at most maxPublishing rounds at once. What that finds about the
+// view (a reservation given back, one recorded elsewhere) comes back as
+// fixes.
+func (s *Scheduler) finishRound(ctx context.Context, plan *round.RoundPlan[*job], now time.Time) {
 	b := s.pub.NewBatch()
 	var ok []*job
-	for _, j := range placed {
+	for _, j := range plan.Reserve {
 		if j.err == nil {
 			j.facts = s.view.Facts(j.alloc.NodeID)
 			ok = append(ok, j)
 		}
 	}
-	s.handleNoFit(ctx, b, noFit, now)
+	s.handleNoFit(ctx, b, &plan.NoFit, now)
 	// Rounds record their outcomes in the order they placed: a repeat of
 	// a request placed one round earlier finds that reservation (Existing)
 	// and must find its outcome recorded too, or it would take the
@@ -90,6 +170,7 @@ func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now t
 	prev, mine := s.claimed, make(chan struct{})
 	s.claimed = mine
 	s.publishing <- struct{}{}
+	all := plan.Order
 	s.publishers.Go(func() {
 		defer func() { <-s.publishing }()
 		if prev != nil {
@@ -99,7 +180,7 @@ func (s *Scheduler) finishRound(ctx context.Context, placed, noFit []*job, now t
 		close(mine)
 		s.view.Post(fixes...)
 		err := b.Wait(ctx)
-		for _, j := range append(placed, noFit...) {
+		for _, j := range all {
 			if j.err == nil {
 				j.err = err
 			}
@@ -163,27 +244,11 @@ func (s *Scheduler) recordScheduled(ctx context.Context, b ports.Batch, ok []*jo
 	return fixes
 }
 
-// handleNoFit records and publishes what round.DecideNoFit decides for the
-// requests that fit nowhere: a request decided already (a duplicate
-// delivery of a rental scheduled, rejected or cancelled meanwhile) says
-// nothing; the waiting ones are stored in the pending set with their
-// preemptions and shortages published; the expired ones are rejected.
-func (s *Scheduler) handleNoFit(ctx context.Context, b ports.Batch, jobs []*job, now time.Time) {
-	keys := make([]string, len(jobs))
-	for i, j := range jobs {
-		keys[i] = ports.AttemptKey(j.Request.ID, j.Attempt)
-	}
-	decided, err := s.rec.Decided(ctx, keys)
-	if err != nil {
-		for _, j := range jobs {
-			j.err = err
-		}
-		return
-	}
-	for i, j := range jobs {
-		j.Decided = decided[i]
-	}
-	plan := round.DecideNoFit(s.view, jobs, now, s.plan)
+// handleNoFit records and publishes what round.Plan decided for the
+// requests that fit nowhere: a request decided already says nothing; the
+// waiting ones are stored in the pending set with their preemptions and
+// shortages published; the expired ones are rejected.
+func (s *Scheduler) handleNoFit(ctx context.Context, b ports.Batch, plan *round.NoFit[*job], now time.Time) {
 	for _, f := range plan.Failed {
 		f.Job.err = f.Err
 	}
@@ -207,7 +272,7 @@ func (s *Scheduler) handleNoFit(ctx context.Context, b ports.Batch, jobs []*job,
 		s.metrics.outcome(ctx, "pending")
 	}
 	if err := s.rec.PutPending(ctx, pending); err != nil {
-		for _, j := range jobs {
+		for _, j := range plan.Jobs {
 			j.err = err
 		}
 		return

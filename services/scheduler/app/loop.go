@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
@@ -157,111 +156,44 @@ func (s *Scheduler) retryPending(ctx context.Context, kicked bool) {
 	}
 }
 
-// maxPasses bounds how often one round re-places requests whose reserve
-// was refused (another replica took the capacity first).
-const maxPasses = 4
-
-// round places a batch of requests: order them (level one), place each on
-// the view (level two), commit the reservations in parallel, re-place the
-// refused ones on fresh node state, record the outcomes, and publish. It
-// runs round.Plan's steps with the commit between them. Each job's done
-// gets nil once its outcome is published, or the error that should
-// redeliver it.
+// round runs round.Plan over a batch: order the requests (level one),
+// place each on the view (level two), commit the reservations in parallel
+// as they are placed, re-place the refused ones on fresh node state, then
+// record the outcomes and publish. Each job's done gets nil once its
+// outcome is published, or the error that should redeliver it.
 func (s *Scheduler) round(ctx context.Context, batch []*job) {
-	// A rental asked for twice in one round (a redelivery) is placed once
-	// here; its copies follow in a round of their own, which finds its
-	// reservation and its recorded outcome.
-	batch, again := round.FirstOfEach(batch)
-	if len(again) > 0 {
-		defer s.round(ctx, again)
-	}
 	start := s.d.Now()
 	s.view.ApplyFixes()
 	if err := s.ensureFresh(ctx, false); err != nil {
-		finish(batch, err)
+		// A rental asked for twice in one round (a redelivery) is placed
+		// once; its copies follow in a round of their own.
+		first, again := round.FirstOfEach(batch)
+		finish(first, err)
+		if len(again) > 0 {
+			s.round(ctx, again)
+		}
 		return
 	}
-	round.Order(batch, start, s.plan)
-	for _, j := range batch {
-		if !j.FromPending {
-			s.view.Observe(&j.Request)
-		}
-	}
-	w := s.view.Workload()
-	s.plan.Placer.SetWorkload(&w)
-	defer func() { s.metrics.fragmentation(s.view.Fragmentation()) }()
-
-	todo := batch
-	var placed, noFit []*job
-	refreshed := false
-	for pass := 0; pass < maxPasses && len(todo) > 0; pass++ {
-		refused, none, done := s.placeAndCommit(ctx, todo, start)
-		placed, noFit, todo = append(placed, done...), append(noFit, none...), refused
-		for _, id := range s.view.TakeStale() {
-			if err := s.refreshNode(ctx, id); err != nil {
-				s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
-			}
-		}
-		// Requests that found no room while the store moved get one more
-		// pass on a fresh view.
-		if len(todo) == 0 && len(noFit) > 0 && !refreshed && pass < maxPasses-1 {
-			refreshed = true
-			if v, err := s.d.Store.Version(ctx); err == nil && v != s.view.Version() {
-				if err := s.refresh(ctx); err == nil {
-					todo, noFit = noFit, nil
-				}
-			}
-		}
-	}
-	for _, j := range todo { // still refused after maxPasses: try again later
-		j.err = fault.Unavailable("placement of %s refused %d times; retrying", j.Request.ID, maxPasses)
-		placed = append(placed, j)
-	}
-	s.finishRound(ctx, placed, noFit, start)
+	s.decide(ctx, batch, start, &roundCommit{s: s, ctx: ctx})
 }
 
-// placeAndCommit places each job on the view (round.Place) and reserves
-// the placed ones, a chunk of commitChunk placements reserved while the
-// next chunk is being placed. It returns the jobs whose reserve the store
-// refused (taken out of the view again, their nodes marked stale), the
-// ones that fit nowhere, and the finished ones (reserved, or with an
-// error).
-func (s *Scheduler) placeAndCommit(ctx context.Context, todo []*job, at time.Time) (refused, noFit, finished []*job) {
-	var commit []*job
-	cm := s.startCommit(ctx)
-	chunk := 0
-	for _, j := range todo {
-		switch err := round.Place(s.view, &j.Job, at, s.plan); {
-		case err == nil:
-			commit = append(commit, j)
-			if len(commit)-chunk == commitChunk {
-				cm.send(commit[chunk:])
-				chunk = len(commit)
-			}
-		case errors.Is(err, round.ErrNoFit):
-			noFit = append(noFit, j)
-		default:
-			j.err = fault.Invalid("%w", err)
-			finished = append(finished, j) // finished with an error
-		}
+// decide runs round.Plan over a batch at now with the commit c, then
+// records and publishes what it decided.
+func (s *Scheduler) decide(ctx context.Context, batch []*job, now time.Time, c round.Commit[*job]) {
+	plan := round.Plan(s.view, batch, now, s.plan, c)
+	for _, f := range plan.Invalid {
+		f.Job.err = fault.Invalid("%w", f.Err)
 	}
-	cm.send(commit[chunk:])
-	cm.wait()
-	for _, j := range commit {
-		switch {
-		case j.err == nil:
-			finished = append(finished, j)
-		case capacity.IsInsufficient(j.err) || capacity.IsFenced(j.err) || capacity.IsConflict(j.err) || capacity.IsNotFound(j.err):
-			s.metrics.conflict(ctx)
-			s.view.Remove(j.Placed.NodeID, j.Request.ID)
-			s.view.MarkStale(j.Placed.NodeID)
-			j.err = nil
-			refused = append(refused, j)
-		default:
-			finished = append(finished, j) // transient: redeliver
-		}
+	for _, j := range plan.Refused { // still refused after MaxPasses: try again later
+		j.err = fault.Unavailable("placement of %s refused %d times; retrying", j.Request.ID, round.MaxPasses)
 	}
-	return refused, noFit, finished
+	s.finishRound(ctx, &plan, now)
+	s.metrics.fragmentation(s.view.Fragmentation())
+	// The repeats' round finds this one's reservation and its recorded
+	// outcome.
+	if len(plan.Again) > 0 {
+		s.round(ctx, plan.Again)
+	}
 }
 
 func finish(jobs []*job, err error) {

@@ -15,6 +15,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/scheduler/ports/porttest"
 	"github.com/shizu-gpu/shizu/services/scheduler/round"
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/fault"
 )
 
 // What a round commits, records and publishes, driven with the fakes of
@@ -140,27 +141,86 @@ func TestAReservationOfARentalDecidedOtherwiseFirstIsGivenBack(t *testing.T) {
 	}
 }
 
-func TestAReserveTheStoreRefusesLeavesTheViewAndMarksItsNodeStale(t *testing.T) {
+// staleCommit is the loop's commit with the store reads left out: it
+// records what the view holds when each pass ends.
+type staleCommit struct {
+	*roundCommit
+	allocs []int
+	stale  [][]string
+}
+
+func (c *staleCommit) Refresh(bool) bool {
+	n, _ := c.s.view.Node("n1")
+	c.allocs = append(c.allocs, len(n.Allocations))
+	c.stale = append(c.stale, c.s.view.TakeStale())
+	return false
+}
+
+func TestAReserveTheStoreRefusesLeavesTheViewMarksItsNodeStaleAndIsPlacedAgain(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
 	r.res.Refuse["r1"] = fmt.Errorf("taken by another replica: %w", capacity.ErrInsufficient)
-	refused, noFit, finished := r.s.placeAndCommit(t.Context(), []*job{r.job("r1", 1, roundNow), r.job("big", 3, roundNow)}, roundNow)
-	if len(refused) != 1 || refused[0].Request.ID != "r1" || refused[0].err != nil || len(noFit) != 1 || len(finished) != 0 {
-		t.Fatalf("refused %d, no fit %d, finished %d", len(refused), len(noFit), len(finished))
+	c := &staleCommit{roundCommit: &roundCommit{s: r.s, ctx: t.Context()}}
+	plan := round.Plan(r.s.view, []*job{r.job("r1", 1, roundNow), r.job("big", 3, roundNow)}, roundNow, r.s.plan, c)
+	if len(c.allocs) != 2 || c.allocs[0] != 0 || !slices.Equal(c.stale[0], []string{"n1"}) {
+		t.Fatalf("after the refusal the view holds %v allocations and re-reads %v; want none and n1, then a second pass", c.allocs, c.stale)
 	}
-	if n, _ := r.s.view.Node("n1"); len(n.Allocations) != 0 || !slices.Equal(r.s.view.TakeStale(), []string{"n1"}) {
-		t.Fatal("a refused placement stays in the view, or its node is not re-read")
+	if len(plan.Reserve) != 1 || plan.Reserve[0].Request.ID != "r1" || plan.Reserve[0].err != nil || len(plan.Refused) != 0 {
+		t.Fatalf("reserved %d, refused %d; want r1 reserved on the second pass", len(plan.Reserve), len(plan.Refused))
 	}
+	if len(r.res.Reserved) != 2 {
+		t.Fatalf("reserve calls %+v, want the refused one and the second pass", r.res.Reserved)
+	}
+	if len(plan.Pending) != 1 || plan.Pending[0].Job.Request.ID != "big" {
+		t.Fatalf("pending %+v, want big waiting", plan.Pending)
+	}
+}
+
+func TestAReserveRefusedEveryPassIsLeftToBeTriedAgain(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	j := r.job("r1", 1, roundNow)
+	c := &refuseAll{staleCommit: staleCommit{roundCommit: &roundCommit{s: r.s, ctx: t.Context()}}}
+	r.s.decide(t.Context(), []*job{j}, roundNow, c)
+	if err := <-j.done; !fault.IsUnavailable(err) {
+		t.Fatalf("outcome %v, want unavailable (retried)", err)
+	}
+	r.s.publishers.Wait()
+	if len(c.allocs) != round.MaxPasses {
+		t.Fatalf("%d passes, want %d", len(c.allocs), round.MaxPasses)
+	}
+}
+
+// refuseAll refuses every reserve.
+type refuseAll struct{ staleCommit }
+
+func (c *refuseAll) Reserve(j *job) { c.commit = append(c.commit, j) }
+
+func (c *refuseAll) Settle() []*job {
+	refused := c.commit
+	c.commit = nil
+	return refused
+}
+
+// decide runs one round with the store reads left out (staleCommit) and
+// returns each job's outcome.
+func (r *rig) decide(t *testing.T, jobs ...*job) []error {
+	t.Helper()
+	r.s.decide(t.Context(), jobs, roundNow, &staleCommit{roundCommit: &roundCommit{s: r.s, ctx: t.Context()}})
+	errs := make([]error, len(jobs))
+	for i, j := range jobs {
+		errs[i] = <-j.done
+	}
+	r.s.publishers.Wait()
+	return errs
 }
 
 func TestRequestsThatFitNowhereAreStoredPendingOrRejectedAndAnnounced(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
 	waiting, late := r.job("wait", 3, roundNow.Add(-time.Minute)), r.job("late", 3, roundNow.Add(-11*time.Minute))
-	b := r.pub.NewBatch()
-	r.s.handleNoFit(t.Context(), b, []*job{waiting, late}, roundNow)
-	if err := b.Wait(t.Context()); err != nil || waiting.err != nil || late.err != nil {
-		t.Fatalf("wait %v, jobs %v %v", err, waiting.err, late.err)
+	if errs := r.decide(t, waiting, late); errs[0] != nil || errs[1] != nil {
+		t.Fatalf("outcomes %v", errs)
 	}
 	entries, _, _ := r.rec.Pending(t.Context())
 	if len(entries) != 1 || entries[0].Event.GetRentalId() != "wait" || entries[0].Reason != shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY {
@@ -183,10 +243,11 @@ func TestRecordsThatFailLeaveEveryNoFitRequestToBeRetried(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
 	r.rec.Err = errors.New("records down")
-	j := r.job("wait", 3, roundNow)
-	r.s.handleNoFit(t.Context(), r.pub.NewBatch(), []*job{j}, roundNow)
-	if !errors.Is(j.err, r.rec.Err) {
-		t.Fatalf("job error %v, want the records' error", j.err)
+	if errs := r.decide(t, r.job("wait", 3, roundNow), r.job("late", 3, roundNow.Add(-11*time.Minute))); !errors.Is(errs[0], r.rec.Err) || !errors.Is(errs[1], r.rec.Err) {
+		t.Fatalf("outcomes %v, want the records' error for both", errs)
+	}
+	if len(r.pub.Published) != 0 {
+		t.Fatalf("published %v, want nothing", r.pub.Published)
 	}
 }
 
@@ -194,11 +255,8 @@ func TestADuplicateOfAScheduledRentalThatFitsNowhereSaysNothing(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
 	r.rec.SetOutcome("dup", round.OutcomeScheduled, "n1@1")
-	j := r.job("dup", 3, roundNow)
-	b := r.pub.NewBatch()
-	r.s.handleNoFit(t.Context(), b, []*job{j}, roundNow)
-	if err := b.Wait(t.Context()); err != nil || j.err != nil {
-		t.Fatal(err, j.err)
+	if errs := r.decide(t, r.job("dup", 3, roundNow)); errs[0] != nil {
+		t.Fatal(errs[0])
 	}
 	entries, _, _ := r.rec.Pending(t.Context())
 	if len(entries) != 0 || len(r.pub.Published) != 0 {

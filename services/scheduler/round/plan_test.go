@@ -18,7 +18,7 @@ import (
 func TestARoundTriesReservedThenOnDemandThenSpotAndReservesWhatFits(t *testing.T) {
 	t.Parallel()
 	v := viewOf(node("n1", 1))
-	plan := round.Plan(v, []*round.Job{job(t, "s", spot), job(t, "o"), job(t, "r", reserved)}, t0, config(t))
+	plan := round.Plan(v, []*round.Job{job(t, "s", spot), job(t, "o"), job(t, "r", reserved)}, t0, config(t), nil)
 	if got := ids(plan.Order); !slices.Equal(got, []string{"r", "o", "s"}) {
 		t.Fatalf("order %v, want reserved, on-demand, spot", got)
 	}
@@ -39,7 +39,7 @@ func TestARoundTriesReservedThenOnDemandThenSpotAndReservesWhatFits(t *testing.T
 func TestARoundPlacesEachPlacementOnceAndLeavesItsRepeatsToTheNextRound(t *testing.T) {
 	t.Parallel()
 	moved := job(t, "a", func(j *round.Job) { j.Attempt = 2 })
-	plan := round.Plan(viewOf(node("n1", 4)), []*round.Job{job(t, "a"), job(t, "a"), moved, job(t, "b")}, t0, config(t))
+	plan := round.Plan(viewOf(node("n1", 4)), []*round.Job{job(t, "a"), job(t, "a"), moved, job(t, "b")}, t0, config(t), nil)
 	if got := ids(plan.Reserve); len(got) != 3 {
 		t.Fatalf("reserved %v, want a (attempt 1), a (attempt 2) and b", got)
 	}
@@ -51,7 +51,7 @@ func TestARoundPlacesEachPlacementOnceAndLeavesItsRepeatsToTheNextRound(t *testi
 func TestARequestThatFitsNowhereWaitsForCapacityUntilItsDeadline(t *testing.T) {
 	t.Parallel()
 	now := t0.Add(time.Minute)
-	plan := round.Plan(viewOf(node("n1", 1)), []*round.Job{job(t, "big", func(j *round.Job) { j.Request.GPUCount = 2 })}, now, config(t))
+	plan := round.Plan(viewOf(node("n1", 1)), []*round.Job{job(t, "big", func(j *round.Job) { j.Request.GPUCount = 2 })}, now, config(t), nil)
 	if len(plan.Reserve) != 0 || len(plan.Reject) != 0 || len(plan.Pending) != 1 {
 		t.Fatalf("plan %+v, want one pending", plan)
 	}
@@ -74,11 +74,11 @@ func TestAnOnDemandRequestThatFitsOnlyWithoutSpotRentalsPreemptsThem(t *testing.
 	t.Parallel()
 	v := viewOf(node("n1", 1))
 	cfg := config(t)
-	if first := round.Plan(v, []*round.Job{job(t, "cheap", spot)}, t0, cfg); len(first.Reserve) != 1 {
+	if first := round.Plan(v, []*round.Job{job(t, "cheap", spot)}, t0, cfg, nil); len(first.Reserve) != 1 {
 		t.Fatalf("the spot rental was not placed: %+v", first)
 	}
 	now := t0.Add(time.Minute)
-	plan := round.Plan(v, []*round.Job{job(t, "urgent", madeAt(now))}, now, cfg)
+	plan := round.Plan(v, []*round.Job{job(t, "urgent", madeAt(now))}, now, cfg, nil)
 	if len(plan.Pending) != 1 {
 		t.Fatalf("plan %+v, want the on-demand request waiting", plan)
 	}
@@ -94,7 +94,7 @@ func TestAnOnDemandRequestThatFitsOnlyWithoutSpotRentalsPreemptsThem(t *testing.
 		t.Fatalf("notice until %s, preempt until %s; want now+notice and now+2·notice", p.Preempt.NoticeDeadline, p.PreemptUntil)
 	}
 	// A spot request never preempts another spot rental.
-	if again := round.Plan(v, []*round.Job{job(t, "other", spot, madeAt(now))}, now, cfg); again.Pending[0].Preempt != nil {
+	if again := round.Plan(v, []*round.Job{job(t, "other", spot, madeAt(now))}, now, cfg, nil); again.Pending[0].Preempt != nil {
 		t.Fatalf("a spot request preempts: %+v", again.Pending[0].Preempt)
 	}
 }
@@ -127,7 +127,7 @@ func TestWhatAPendingRequestIsToldAgain(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			j := job(t, "big", func(j *round.Job) { j.Request.GPUCount = 2 }, tc.edit)
-			plan := round.Plan(viewOf(node("n1", 1)), []*round.Job{j}, now, config(t))
+			plan := round.Plan(viewOf(node("n1", 1)), []*round.Job{j}, now, config(t), nil)
 			if len(plan.Reject) != 0 || len(plan.Pending) != map[bool]int{true: 1, false: 0}[tc.wantPending] {
 				t.Fatalf("plan %+v", plan.NoFit)
 			}
@@ -144,7 +144,7 @@ func TestWhatAPendingRequestIsToldAgain(t *testing.T) {
 func TestARequestPastItsDeadlineIsRejectedOnlyWhenItStillFitsNowhere(t *testing.T) {
 	t.Parallel()
 	now := t0.Add(11 * time.Minute)
-	plan := round.Plan(viewOf(node("n1", 1)), []*round.Job{job(t, "fits"), job(t, "late", func(j *round.Job) { j.Request.GPUCount = 2 })}, now, config(t))
+	plan := round.Plan(viewOf(node("n1", 1)), []*round.Job{job(t, "fits"), job(t, "late", func(j *round.Job) { j.Request.GPUCount = 2 })}, now, config(t), nil)
 	if got := ids(plan.Reserve); !slices.Equal(got, []string{"fits"}) {
 		t.Fatalf("reserved %v: a late request that fits is placed", got)
 	}
@@ -160,7 +160,7 @@ func TestARequestPastItsDeadlineIsRejectedOnlyWhenItStillFitsNowhere(t *testing.
 
 func TestARequestNoNodeCouldEverTakeIsInvalid(t *testing.T) {
 	t.Parallel()
-	plan := round.Plan(viewOf(node("n1", 1)), []*round.Job{job(t, "none", func(j *round.Job) { j.Request.GPUCount = 0 })}, t0, config(t))
+	plan := round.Plan(viewOf(node("n1", 1)), []*round.Job{job(t, "none", func(j *round.Job) { j.Request.GPUCount = 0 })}, t0, config(t), nil)
 	if len(plan.Invalid) != 1 || len(plan.Pending)+len(plan.Reserve)+len(plan.Reject) != 0 {
 		t.Fatalf("plan %+v, want it invalid and nothing else", plan)
 	}
@@ -212,11 +212,11 @@ func TestAnOnDemandRequestPreemptsTheSpotRentalThatLosesTheLeastWork(t *testing.
 	t.Parallel()
 	v := viewOf(node("n1", 1), node("n2", 1))
 	cfg := config(t)
-	round.Plan(v, []*round.Job{job(t, "old", spot)}, t0, cfg)
+	round.Plan(v, []*round.Job{job(t, "old", spot)}, t0, cfg, nil)
 	later := t0.Add(30 * time.Minute)
-	round.Plan(v, []*round.Job{job(t, "new", spot, madeAt(later))}, later, cfg)
+	round.Plan(v, []*round.Job{job(t, "new", spot, madeAt(later))}, later, cfg, nil)
 	now := later.Add(time.Minute)
-	plan := round.Plan(v, []*round.Job{job(t, "urgent", madeAt(now))}, now, cfg)
+	plan := round.Plan(v, []*round.Job{job(t, "urgent", madeAt(now))}, now, cfg, nil)
 	if p := plan.Pending[0].Preempt; p == nil || len(p.Victims) != 1 || p.Victims[0].RentalID != "new" {
 		t.Fatalf("preemption %+v, want the spot rental that ran 1 min evicted, not the one that ran 31", p)
 	}
@@ -227,7 +227,7 @@ func TestAPendingRequestIsPlacedOnceTheViewHasRoom(t *testing.T) {
 	waiting := job(t, "w", func(j *round.Job) {
 		j.FromPending, j.Reason = true, shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY
 	})
-	plan := round.Plan(viewOf(node("n1", 1)), []*round.Job{waiting}, t0.Add(5*time.Minute), config(t))
+	plan := round.Plan(viewOf(node("n1", 1)), []*round.Job{waiting}, t0.Add(5*time.Minute), config(t), nil)
 	if len(plan.Reserve) != 1 || len(plan.Pending) != 0 {
 		t.Fatalf("plan %+v, want the pending request reserved", plan)
 	}
@@ -238,7 +238,7 @@ func TestNothingIsPlacedOnAnUnhealthyGPU(t *testing.T) {
 	n := node("n1", 2)
 	n.GPUs[0].Unhealthy = true
 	v := viewOf(n)
-	plan := round.Plan(v, []*round.Job{job(t, "a"), job(t, "b")}, t0, config(t))
+	plan := round.Plan(v, []*round.Job{job(t, "a"), job(t, "b")}, t0, config(t), nil)
 	if len(plan.Reserve) != 1 || plan.Reserve[0].Placed.GPUs[0].Index != 1 || len(plan.Pending) != 1 {
 		t.Fatalf("plan %+v, want one rental on GPU 1 and the other waiting", plan)
 	}

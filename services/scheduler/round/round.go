@@ -5,8 +5,10 @@
 // rentals, a rejection once the deadline passed), and whether a reservation
 // stays once its outcome is claimed. It is pure: it imports neither NATS,
 // Redis nor the OTel SDK, and takes the time and the view as values, so
-// [Plan] with the same input always gives the same plan. The scheduler's
-// app commits, records and publishes what it decides.
+// [Plan] with the same input (and the same answers from its Commit) always
+// gives the same plan. The scheduler's loop runs Plan for every round; its
+// app commits (through Plan's Commit), records and publishes what it
+// decides.
 package round
 
 import (
@@ -50,7 +52,7 @@ type Job struct {
 	PreemptUntil time.Time
 	// Decided: an outcome is recorded for this attempt already (a
 	// duplicate of a request decided meanwhile); filled in by the caller
-	// before DecideNoFit.
+	// (Commit.Decided) before DecideNoFit.
 	Decided bool
 	// Placed is where Place put the request.
 	Placed placement.Placement
@@ -172,6 +174,9 @@ type Failure[J Planned] struct {
 
 // NoFit is what becomes of the requests that fit nowhere.
 type NoFit[J Planned] struct {
+	// Jobs are all the requests decided, in order (a decided one is in
+	// none of the lists below).
+	Jobs    []J
 	Pending []Pending[J]
 	Reject  []Reject[J]
 	Failed  []Failure[J]
@@ -187,7 +192,7 @@ type NoFit[J Planned] struct {
 // waits; otherwise it waits with a capacity shortage. A request from the
 // pending set with nothing new to say is left out.
 func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) NoFit[J] {
-	var out NoFit[J]
+	out := NoFit[J]{Jobs: jobs}
 	for _, jj := range jobs {
 		j := jj.Planning()
 		if j.Decided {
@@ -224,42 +229,144 @@ func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) N
 	return out
 }
 
-// RoundPlan is what one round decides when every reservation is granted.
+// RoundPlan is what one round decides.
 type RoundPlan[J Planned] struct {
-	// Order is the first job of each placement, in the order tried.
+	// Order is the first job of each placement, in the order tried: each
+	// one ends in exactly one of Reserve, Invalid, Refused or the no-fit
+	// decisions (a no-fit job already decided is in none of those lists).
 	Order []J
-	// Reserve are the jobs placed on the view (each one's Placed), in the
-	// order to reserve them.
+	// Reserve are the jobs placed on the view (each one's Placed) whose
+	// reservation stands, in the order they were reserved.
 	Reserve []J
 	// Again are the repeats of a placement, left to a round of their own.
 	Again []J
 	// Invalid are the jobs no node could ever take.
 	Invalid []Failure[J]
+	// Refused are the jobs whose reservation the store still refused after
+	// MaxPasses placements (only with a Commit).
+	Refused []J
 	NoFit[J]
 }
 
+// MaxPasses bounds how often one round places a request whose reservation
+// the store refused (another replica took the capacity first).
+const MaxPasses = 4
+
+// Commit is the caller's side of a round whose reservations a store may
+// refuse: Plan decides, the caller reserves and reads the store. A nil
+// Commit grants every reservation, refreshes nothing and takes each job's
+// Decided as given.
+type Commit[J Planned] interface {
+	// Reserve is handed each job as soon as it is placed, in round order;
+	// it may reserve it in the background.
+	Reserve(j J)
+	// Settle waits until every job handed to Reserve since the last Settle
+	// is reserved or failed, and returns the ones the store refused: Plan
+	// takes them out of the view, marks their nodes stale and places them
+	// again in the next pass.
+	Settle() (refused []J)
+	// Refresh ends a pass: the caller re-reads the stale nodes into the
+	// view. With whole set, every job that fits nowhere and nothing is
+	// left to place: the caller may re-read the whole view when the store
+	// moved, and says whether it did; then those jobs get one more pass.
+	Refresh(whole bool) (refreshed bool)
+	// Decided fills in Decided of the jobs that fit nowhere before they
+	// are decided; an error fails them all.
+	Decided(jobs []J) error
+}
+
 // Plan decides a round over jobs on the view at now: first of each, in
-// queue order, placed one after the other on the view (which then holds
-// the reservations), and the requests that fit nowhere decided after
-// every placement.
-func Plan[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) RoundPlan[J] {
+// queue order; the new requests' shapes join the view's recent workload,
+// which the placer then scores against; each is placed on the view (which
+// then holds the reservations) and handed to commit; the refused ones are
+// placed again, up to MaxPasses times, and the requests that fit nowhere
+// are decided after every placement. The scheduler's loop runs exactly
+// this; the commit's I/O is the only part that is not Plan's.
+func Plan[J Planned](v *view.View, jobs []J, now time.Time, cfg Config, commit Commit[J]) RoundPlan[J] {
 	var out RoundPlan[J]
 	first, again := FirstOfEach(jobs)
 	Order(first, now, cfg)
 	out.Order, out.Again = first, again
-	var noFit []J
 	for _, j := range first {
+		if p := j.Planning(); !p.FromPending {
+			v.Observe(&p.Request)
+		}
+	}
+	w := v.Workload()
+	cfg.Placer.SetWorkload(&w)
+
+	todo := first
+	var noFit []J
+	tried := false
+	for pass := 0; pass < MaxPasses && len(todo) > 0; pass++ {
+		var none []J
+		todo, none = out.pass(v, todo, now, cfg, commit)
+		noFit = append(noFit, none...)
+		if commit == nil {
+			break
+		}
+		// Requests that found no room while the store moved get one more
+		// pass on a fresh view.
+		whole := len(todo) == 0 && len(noFit) > 0 && !tried && pass < MaxPasses-1
+		tried = tried || whole
+		if commit.Refresh(whole) && whole {
+			todo, noFit = noFit, nil
+		}
+	}
+	out.Refused = todo
+	if commit != nil && len(noFit) > 0 {
+		if err := commit.Decided(noFit); err != nil {
+			out.NoFit.Jobs = noFit
+			for _, j := range noFit {
+				out.Failed = append(out.Failed, Failure[J]{Job: j, Err: err})
+			}
+			return out
+		}
+	}
+	out.NoFit = DecideNoFit(v, noFit, now, cfg)
+	return out
+}
+
+// pass places todo on the view, hands each placed job to commit and
+// takes the refused ones out of the view again. It returns the refused
+// and the ones that fit nowhere.
+func (out *RoundPlan[J]) pass(v *view.View, todo []J, now time.Time, cfg Config, commit Commit[J]) (refused, noFit []J) {
+	var placed []J
+	for _, j := range todo {
 		switch err := Place(v, j.Planning(), now, cfg); {
 		case err == nil:
-			out.Reserve = append(out.Reserve, j)
+			placed = append(placed, j)
+			if commit != nil {
+				commit.Reserve(j)
+			}
 		case errors.Is(err, ErrNoFit):
 			noFit = append(noFit, j)
 		default:
 			out.Invalid = append(out.Invalid, Failure[J]{Job: j, Err: err})
 		}
 	}
-	out.NoFit = DecideNoFit(v, noFit, now, cfg)
-	return out
+	if commit == nil {
+		out.Reserve = append(out.Reserve, placed...)
+		return nil, noFit
+	}
+	refused = commit.Settle()
+	if len(refused) == 0 {
+		out.Reserve = append(out.Reserve, placed...)
+		return nil, noFit
+	}
+	gone := make(map[*Job]bool, len(refused))
+	for _, j := range refused {
+		p := j.Planning()
+		gone[p] = true
+		v.Remove(p.Placed.NodeID, p.Request.ID)
+		v.MarkStale(p.Placed.NodeID)
+	}
+	for _, j := range placed {
+		if !gone[j.Planning()] {
+			out.Reserve = append(out.Reserve, j)
+		}
+	}
+	return refused, noFit
 }
 
 // Describe is a request's shape in words.
