@@ -14,8 +14,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"strconv"
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
@@ -60,8 +58,6 @@ type Config struct {
 	KeyPrefix string
 	// OutcomeTTL is how long a rental's outcome record is kept.
 	OutcomeTTL time.Duration
-
-	envErrs []error // SHIZU_SCHEDULER_* values that did not parse
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -76,61 +72,32 @@ func DefaultConfig() Config {
 }
 
 // RegisterFlags binds the scheduler's own flags (the common ones are bound by
-// service.Main). Each defaults to its SHIZU_SCHEDULER_* environment variable.
+// service.Main). Each defaults to its SHIZU_SCHEDULER_<FLAG> environment
+// variable (SHIZU_SCHEDULER_BATCH_SIZE for -batch-size); a value there that
+// does not parse is reported by Validate.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Policy, "policy", env("SHIZU_SCHEDULER_POLICY", c.Policy), "placement policy: shizu, fgd, bestfit, firstfit, random, dotprod, packing, clustering")
-	fs.IntVar(&c.MaxCandidates, "max-candidates", c.envInt("SHIZU_SCHEDULER_MAX_CANDIDATES", c.MaxCandidates), "feasible nodes scored per decision (0 = all)")
-	fs.IntVar(&c.BatchSize, "batch-size", c.envInt("SHIZU_SCHEDULER_BATCH_SIZE", c.BatchSize), "most requests placed per round")
-	fs.IntVar(&c.Concurrency, "concurrency", c.envInt("SHIZU_SCHEDULER_CONCURRENCY", c.Concurrency), "deliveries in flight")
-	fs.IntVar(&c.CommitWorkers, "commit-workers", c.envInt("SHIZU_SCHEDULER_COMMIT_WORKERS", c.CommitWorkers), "parallel reserves")
-	fs.DurationVar(&c.PendingTimeout, "pending-timeout", c.envDur("SHIZU_SCHEDULER_PENDING_TIMEOUT", c.PendingTimeout), "reject requests pending longer")
-	fs.DurationVar(&c.PendingRetry, "pending-retry", c.envDur("SHIZU_SCHEDULER_PENDING_RETRY", c.PendingRetry), "retry pending requests this often")
-	fs.DurationVar(&c.PreemptionNotice, "preemption-notice", c.envDur("SHIZU_SCHEDULER_PREEMPTION_NOTICE", c.PreemptionNotice), "notice given to preempted spot rentals")
-	fs.DurationVar(&c.SnapshotMaxAge, "snapshot-max-age", c.envDur("SHIZU_SCHEDULER_SNAPSHOT_MAX_AGE", c.SnapshotMaxAge), "re-read the store when the view is older and the store moved")
-	fs.DurationVar(&c.AgingStep, "aging-step", c.envDur("SHIZU_SCHEDULER_AGING_STEP", c.AgingStep), "wait worth one priority point")
-	fs.IntVar(&c.WorkloadWindow, "workload-window", c.envInt("SHIZU_SCHEDULER_WORKLOAD_WINDOW", c.WorkloadWindow), "recent requests the fragmentation measure is taken against")
-	fs.DurationVar(&c.OutcomeTTL, "outcome-ttl", c.envDur("SHIZU_SCHEDULER_OUTCOME_TTL", c.OutcomeTTL), "how long a rental's outcome record is kept")
-	fs.StringVar(&c.KeyPrefix, "key-prefix", env("SHIZU_SCHEDULER_KEY_PREFIX", c.KeyPrefix), "capacity store Redis key prefix")
-}
-
-func env(k, def string) string {
-	if v, ok := os.LookupEnv(k); ok {
-		return v
-	}
-	return def
-}
-
-// envInt and envDur read a default from the environment; a value that
-// does not parse is reported by Validate, not silently replaced.
-func (c *Config) envInt(k string, def int) int {
-	v, ok := os.LookupEnv(k)
-	if !ok {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a whole number", k, v))
-		return def
-	}
-	return n
-}
-
-func (c *Config) envDur(k string, def time.Duration) time.Duration {
-	v, ok := os.LookupEnv(k)
-	if !ok {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a duration (e.g. 15s)", k, v))
-		return def
-	}
-	return d
+	f := c.Service.Flags(fs)
+	f.String(&c.Policy, "policy", "placement policy: shizu, fgd, bestfit, firstfit, random, dotprod, packing, clustering")
+	f.Int(&c.MaxCandidates, "max-candidates", "feasible nodes scored per decision (0 = all)")
+	f.Int(&c.BatchSize, "batch-size", "most requests placed per round")
+	f.Int(&c.Concurrency, "concurrency", "deliveries in flight")
+	f.Int(&c.CommitWorkers, "commit-workers", "parallel reserves")
+	f.Duration(&c.PendingTimeout, "pending-timeout", "reject requests pending longer")
+	f.Duration(&c.PendingRetry, "pending-retry", "retry pending requests this often")
+	f.Duration(&c.PreemptionNotice, "preemption-notice", "notice given to preempted spot rentals")
+	f.Duration(&c.SnapshotMaxAge, "snapshot-max-age", "re-read the store when the view is older and the store moved")
+	f.Duration(&c.AgingStep, "aging-step", "wait worth one priority point")
+	f.Int(&c.WorkloadWindow, "workload-window", "recent requests the fragmentation measure is taken against")
+	f.Duration(&c.OutcomeTTL, "outcome-ttl", "how long a rental's outcome record is kept")
+	f.String(&c.KeyPrefix, "key-prefix", "capacity store Redis key prefix")
 }
 
 // Validate reports every problem in the configuration.
 func (c Config) Validate() error {
-	errs := append([]error(nil), c.envErrs...)
+	var errs []error
+	if err := c.Service.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if p, err := placement.ParsePolicy(c.Policy); err != nil {
 		errs = append(errs, fmt.Errorf("scheduler.policy: %w", err))
 	} else if p == placement.PolicyFixed {

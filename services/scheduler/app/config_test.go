@@ -29,3 +29,40 @@ func TestConfigRefusesBadEnvironmentAndSubSecondOutcomeTTL(t *testing.T) {
 		t.Fatalf("the default configuration is refused: %v", err)
 	}
 }
+
+// Every SHIZU_SCHEDULER_* variable documented before the shared flag layer
+// still sets its setting.
+func TestEachSchedulerVariableSetsItsSetting(t *testing.T) {
+	cases := []struct {
+		key, value string
+		got        func(app.Config) any
+		want       any
+	}{
+		{"SHIZU_SCHEDULER_POLICY", "fgd", func(c app.Config) any { return c.Policy }, "fgd"},
+		{"SHIZU_SCHEDULER_MAX_CANDIDATES", "7", func(c app.Config) any { return c.MaxCandidates }, 7},
+		{"SHIZU_SCHEDULER_BATCH_SIZE", "8", func(c app.Config) any { return c.BatchSize }, 8},
+		{"SHIZU_SCHEDULER_CONCURRENCY", "9", func(c app.Config) any { return c.Concurrency }, 9},
+		{"SHIZU_SCHEDULER_COMMIT_WORKERS", "3", func(c app.Config) any { return c.CommitWorkers }, 3},
+		{"SHIZU_SCHEDULER_PENDING_TIMEOUT", "1m", func(c app.Config) any { return c.PendingTimeout }, time.Minute},
+		{"SHIZU_SCHEDULER_PENDING_RETRY", "2s", func(c app.Config) any { return c.PendingRetry }, 2 * time.Second},
+		{"SHIZU_SCHEDULER_PREEMPTION_NOTICE", "3s", func(c app.Config) any { return c.PreemptionNotice }, 3 * time.Second},
+		{"SHIZU_SCHEDULER_SNAPSHOT_MAX_AGE", "4s", func(c app.Config) any { return c.SnapshotMaxAge }, 4 * time.Second},
+		{"SHIZU_SCHEDULER_AGING_STEP", "5s", func(c app.Config) any { return c.AgingStep }, 5 * time.Second},
+		{"SHIZU_SCHEDULER_WORKLOAD_WINDOW", "11", func(c app.Config) any { return c.WorkloadWindow }, 11},
+		{"SHIZU_SCHEDULER_OUTCOME_TTL", "1h", func(c app.Config) any { return c.OutcomeTTL }, time.Hour},
+		{"SHIZU_SCHEDULER_KEY_PREFIX", "other", func(c app.Config) any { return c.KeyPrefix }, "other"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.key, func(t *testing.T) {
+			t.Setenv(tc.key, tc.value)
+			cfg := app.DefaultConfig()
+			cfg.RegisterFlags(flag.NewFlagSet("scheduler", flag.ContinueOnError))
+			if got := tc.got(cfg); got != tc.want {
+				t.Fatalf("%s=%s gives %v, want %v", tc.key, tc.value, got, tc.want)
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Fatalf("Validate() = %v", err)
+			}
+		})
+	}
+}
