@@ -14,7 +14,6 @@ import (
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/scheduler/app"
-	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -52,11 +51,8 @@ func TestTheFragmentationGaugesFollowTheView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := bus.Connect(t.Context(), bus.Config{URL: e.nats.URL, User: topology.Scheduler, Password: password(topology.Scheduler)}, bus.Instruments{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := app.New(testConfig(), app.Deps{Bus: conn, Store: e.store, Redis: e.redis.Client(t), Now: time.Now, Metrics: metrics,
+	conn := e.connect(t)
+	s, err := app.New(testConfig(), app.Deps{Bus: conn, Store: e.store, Redis: e.Redis.Client(t), Now: time.Now, Metrics: metrics,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -23,44 +23,32 @@ import (
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
-func password(user string) string { return "pw-" + user }
-
-// env is one real nats-server (with the topology's users and streams) and
-// one real redis-server.
+// env is testkit's platform (one real nats-server with the topology's
+// users and streams, one real redis-server), a capacity store on it and
+// the outcomes the scheduler publishes.
 type env struct {
-	t     testing.TB
-	nats  *testkit.NATS
-	redis *testkit.Redis
-	admin *bus.Conn
+	t testing.TB
+	*testkit.Deployment
 	store *capacity.Store
 	seen  *outcomes
 }
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	e := newQuietEnv(t)
+	d := testkit.Platform(t)
+	e := &env{t: t, Deployment: d, store: d.Capacity(t)}
 	e.seen = e.watch()
 	return e
 }
 
-// newQuietEnv is newEnv without the outcome watcher (for benchmarks).
-func newQuietEnv(t testing.TB) *env {
+// connect is a bus connection as the scheduler, closed at cleanup.
+func (e *env) connect(t testing.TB) *bus.Conn {
 	t.Helper()
-	n := testkit.StartNATS(t, testkit.WithUsers(topology.Users(), password))
-	r := testkit.StartRedis(t)
-	admin, err := bus.Connect(t.Context(), bus.Config{URL: n.URL, User: topology.Admin, Password: password(topology.Admin)}, bus.Instruments{})
+	conn, err := bus.Connect(t.Context(), e.BusConfig(topology.Scheduler), bus.Instruments{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = admin.Close(context.WithoutCancel(t.Context())) })
-	if err := admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
-		t.Fatal(err)
-	}
-	store, err := capacity.New(r.Client(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, nats: n, redis: r, admin: admin, store: store}
+	return conn
 }
 
 func testConfig() app.Config {
@@ -75,15 +63,8 @@ func testConfig() app.Config {
 func (e *env) replica(cfg app.Config, now func() time.Time) {
 	t := e.t
 	t.Helper()
-	conn, err := bus.Connect(t.Context(), bus.Config{URL: e.nats.URL, User: topology.Scheduler, Password: password(topology.Scheduler)}, bus.Instruments{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := capacity.New(e.redis.Client(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := app.New(cfg, app.Deps{Bus: conn, Store: store, Redis: e.redis.Client(t), Now: now,
+	conn := e.connect(t)
+	s, err := app.New(cfg, app.Deps{Bus: conn, Store: e.Capacity(t), Redis: e.Redis.Client(t), Now: now,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +129,7 @@ func requested(id, tenant string, sp *shizuv1.RentalSpec, at time.Time) *shizuv1
 // asynchronously.
 func (e *env) publish(evs ...proto.Message) {
 	e.t.Helper()
-	b := e.admin.NewBatch()
+	b := e.Admin.NewBatch()
 	for _, ev := range evs {
 		var subj string
 		var err error
@@ -194,7 +175,7 @@ type outcomes struct {
 func (e *env) watch() *outcomes {
 	o := &outcomes{scheduled: map[string][]*shizuv1.RentalScheduled{}, pending: map[string][]*shizuv1.RentalPending{},
 		rejected: map[string][]*shizuv1.RentalRejected{}, preempted: map[string][]*shizuv1.RentalPreempted{}, starts: map[string]int{}, stops: map[string]int{}}
-	js := e.admin.JetStream()
+	js := e.Admin.JetStream()
 	for _, sc := range []struct {
 		stream  string
 		filters []string
@@ -259,23 +240,6 @@ func (o *outcomes) add(t testing.TB, m jetstream.Msg) {
 	}
 }
 
-// decided is the number of rentals with a scheduled, pending or rejected event.
-func (o *outcomes) decided() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	ids := map[string]bool{}
-	for id := range o.scheduled {
-		ids[id] = true
-	}
-	for id := range o.pending {
-		ids[id] = true
-	}
-	for id := range o.rejected {
-		ids[id] = true
-	}
-	return len(ids)
-}
-
 func (o *outcomes) waitFor(t testing.TB, timeout time.Duration, cond func(o *outcomes) error) {
 	t.Helper()
 	testkit.Eventually(t, timeout, func() error {
@@ -284,8 +248,6 @@ func (o *outcomes) waitFor(t testing.TB, timeout time.Duration, cond func(o *out
 		return cond(o)
 	})
 }
-
-func timestampOf(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
 
 // snapshotScheduled copies the scheduled events seen for a rental.
 func (o *outcomes) snapshotScheduled(id string) []*shizuv1.RentalScheduled {

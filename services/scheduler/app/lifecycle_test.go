@@ -214,7 +214,7 @@ func TestARequestWithoutUsableIDsIsDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js := e.admin.JetStream()
+	js := e.Admin.JetStream()
 	msg := nats.NewMsg("rental.acme.requested")
 	msg.Data = raw
 	msg.Header.Set(jetstream.MsgIDHeader, "req:bad")

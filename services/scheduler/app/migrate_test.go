@@ -69,7 +69,7 @@ func TestAMigratingRentalIsPlacedAgainElsewhereAsItsNextAttempt(t *testing.T) {
 	late := stopped(first, shizuv1.ExitReason_EXIT_REASON_NODE_FAILED)
 	e.publish(late, migrating(first, sp)) // and a redelivered hand-over changes nothing
 	testkit.Eventually(t, 20*time.Second, func() error {
-		cons, err := e.admin.JetStream().Consumer(t.Context(), topology.StreamRentals, "scheduler")
+		cons, err := e.Admin.JetStream().Consumer(t.Context(), topology.StreamRentals, "scheduler")
 		if err != nil {
 			return err
 		}
@@ -106,7 +106,7 @@ func TestAMigratingRentalWithoutItsAttemptAndSpecIsDeadLettered(t *testing.T) {
 	blind := migrating(first, nil)
 	blind.FromAttempt, blind.NextAttempt = 0, 0
 	e.publish(blind)
-	js := e.admin.JetStream()
+	js := e.Admin.JetStream()
 	testkit.Eventually(t, 20*time.Second, func() error {
 		stream, err := js.Stream(t.Context(), topology.StreamDeadLetter)
 		if err != nil {

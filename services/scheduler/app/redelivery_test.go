@@ -44,7 +44,7 @@ func TestARequestDeliveredAgainIsScheduledOnce(t *testing.T) {
 	e.publish(msgs...)
 
 	// Every delivery handled and acknowledged.
-	js := e.admin.JetStream()
+	js := e.Admin.JetStream()
 	testkit.Eventually(t, 30*time.Second, func() error {
 		cons, err := js.Consumer(t.Context(), topology.StreamRentals, "scheduler")
 		if err != nil {

@@ -22,8 +22,8 @@
 //
 // The fragmentation measure and the scores follow the definitions of the
 // ATC'23 paper "Beware of Fragmentation" and its simulator exactly (see
-// ../shared/notes/FGD.md): [NodeFragAmount], [Workload], [ScoreFGD],
-// [ScoreBestFit], [ScoreDotProduct].
+// ../shared/notes/FGD.md): [Workload] (the fragment of a node and the FGD
+// score of a placement), [FragMeter], [ScoreBestFit], [ScoreDotProduct].
 //
 // When nothing fits, [Shortage] says what is missing and [PlanPreemption]
 // finds the cheapest set of spot rentals whose eviction makes room.

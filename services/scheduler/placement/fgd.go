@@ -146,38 +146,10 @@ func (w *Workload) frag(s fragState) float64 {
 	return f
 }
 
-// NodeFragAmount is F_n(M), the expected fragment of node n in milli-GPU
-// under the target workload.
-func (w *Workload) NodeFragAmount(n *Node) float64 {
-	return w.frag(stateOf(n, make([]int64, 0, len(n.GPUs))))
-}
-
-// ClusterFrag is F(M) summed over the cluster and the idle milli-GPU I; the
-// fragmentation rate is 100·F/I %.
-func (w *Workload) ClusterFrag(c *Cluster) (frag float64, idle int64) {
-	buf := make([]int64, 0, 16)
-	for i := range c.Nodes {
-		s := stateOf(&c.Nodes[i], buf)
-		frag += w.frag(s)
-		for _, f := range s.free {
-			idle += f
-		}
-	}
-	return frag, idle
-}
-
 // fgdScore is the FGD node score for a fragment reduction delta (milli):
 // int64(100·sigmoid(delta/1000)), as the simulator's fgd_score plugin.
 func fgdScore(delta float64) int64 {
 	return int64(100 / (1 + math.Exp(-delta/1000)))
-}
-
-// ScoreFGD scores placing shares (CPU cpu) on node n: the less the node's
-// fragmentation grows, the higher (0..100).
-func (w *Workload) ScoreFGD(n *Node, cpu int64, shares []Share) int64 {
-	var sc fgdScratch
-	w.prepare(n, &sc)
-	return w.scoreAfter(n, &sc, cpu, shares)
 }
 
 // classParts is what F_n(m) needs of a node for one class: idle milli,
@@ -223,12 +195,6 @@ func partsFrag(p classParts, m *TaskClass, cpu int64, model string) int64 {
 		return p.small
 	}
 	return p.total
-}
-
-// scoreAfter is the FGD score of taking shares and cpu from a prepared
-// node.
-func (w *Workload) scoreAfter(n *Node, sc *fgdScratch, cpu int64, shares []Share) int64 {
-	return fgdScore(w.deltaAfter(n, sc, cpu, shares))
 }
 
 // deltaAfter is FGD's Δ: F_n(M) before minus after taking shares and cpu

@@ -23,14 +23,6 @@ type FragStats struct {
 	CapacityMilli int64
 }
 
-// AmountPct is the fragment as a share of GPU capacity (%).
-func (s FragStats) AmountPct() float64 {
-	if s.CapacityMilli <= 0 {
-		return 0
-	}
-	return 100 * s.FragMilli / float64(s.CapacityMilli)
-}
-
 // RatePct is the fragment as a share of idle GPU (%), 0 when nothing is idle.
 func (s FragStats) RatePct() float64 {
 	if s.IdleMilli <= 0 {

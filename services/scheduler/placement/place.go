@@ -141,9 +141,6 @@ func NewPlacer(o Options) (*Placer, error) {
 	return &Placer{opts: o}, nil
 }
 
-// Options returns the placer's options.
-func (p *Placer) Options() Options { return p.opts }
-
 // SetWorkload replaces FGD's target workload.
 func (p *Placer) SetWorkload(w *Workload) { p.opts.Workload = w }
 

@@ -141,13 +141,3 @@ func (p *Placer) fragScore(w *Workload, n *Node, cpu int64, shares []Share) int6
 	return fgdScore(d)
 }
 
-// ShizuScore is the Shizu score of placing shares (and cpu) on node n of
-// cluster c for request r under workload w: FGD's
-// int64(100·sigmoid(Δ_shizu/1000)).
-func (w *Workload) ShizuScore(c *Cluster, r *Request, n *Node, cpu int64, shares []Share) int64 {
-	var sh shizuScratch
-	sh.observe(c, r, w)
-	var sc fgdScratch
-	w.prepare(n, &sc)
-	return fgdScore(sh.delta(w.deltaAfter(n, &sc, cpu, shares), n, cpu, shares))
-}

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math/rand"
 	"slices"
@@ -123,7 +124,8 @@ func (s *sim) place(p *PodSpec, id string) (bool, error) {
 	r := request(p, id)
 	pl, err := s.placer.Place(&s.cluster, &r)
 	if err != nil {
-		if _, ok := err.(*placement.NoFitError); ok {
+		var noFit *placement.NoFitError
+		if errors.As(err, &noFit) {
 			return false, nil
 		}
 		return false, fmt.Errorf("task %s: %w", p.Name, err)
