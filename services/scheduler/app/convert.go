@@ -7,6 +7,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 	"github.com/shizu-gpu/shizu/services/scheduler/ports"
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // Default host resources when a spec leaves cpu_milli or memory_mib at 0
@@ -16,35 +17,22 @@ const (
 	DefaultMemoryMiBPerGPU = 16 * 1024
 )
 
-// classOf maps a plan to a placement class.
-func classOf(p shizuv1.Plan) placement.Class {
-	switch p {
-	case shizuv1.Plan_PLAN_SPOT:
-		return placement.ClassSpot
-	case shizuv1.Plan_PLAN_RESERVED:
-		return placement.ClassReserved
-	case shizuv1.Plan_PLAN_ON_DEMAND:
-		return placement.ClassOnDemand
-	}
-	return 0
-}
-
 // requestOf translates a rental request into the placement's terms. Spot
 // rentals may run on spot or on-demand nodes; on-demand and reserved ones,
 // which are never interrupted, only on on-demand nodes.
 func requestOf(ev *shizuv1.RentalRequested) placement.Request {
 	spec := ev.GetSpec()
 	r := placement.Request{
-		ID: ev.GetRentalId(), Tenant: ev.GetTenantId(), Class: classOf(spec.GetPlan()), Priority: int(spec.GetPriority()),
+		ID: ev.GetRentalId(), Tenant: ev.GetTenantId(), Class: rent.ClassOf(spec.GetPlan()), Priority: int(spec.GetPriority()),
 		GPUCount: int(spec.GetGpuCount()), MilliPerGPU: int64(spec.GetMilliGpu()), VRAMMiB: spec.GetVramMib(),
 		CPUMilli: spec.GetCpuMilli(), MemoryMiB: spec.GetMemoryMib(),
 		Models: spec.GetAllowedModels(), Capabilities: spec.GetRequiredCapabilities(),
 		NVLink:     spec.GetInterconnect() == shizuv1.Interconnect_INTERCONNECT_NVLINK,
 		MIGProfile: spec.GetMigProfile(), TEE: spec.GetTeeRequired(), Zone: spec.GetZone(),
-		Market: placement.MarketOnDemand,
+		Market: rent.OnDemand,
 	}
-	if r.Class == placement.ClassSpot {
-		r.Market = placement.MarketAny
+	if r.Class == rent.ClassSpot {
+		r.Market = rent.AnyMarket
 	}
 	share := int64(r.GPUCount) * r.MilliPerGPU
 	if r.CPUMilli == 0 {
@@ -62,7 +50,7 @@ func requestOf(ev *shizuv1.RentalRequested) placement.Request {
 func nodeOf(st *capacity.NodeState, classes map[string]ports.Class) placement.Node {
 	n := placement.Node{
 		ID: st.ID, Epoch: st.Epoch, Ready: st.Status == capacity.StatusReady, Zone: st.Zone,
-		Market: placement.Market(st.Market), TEE: st.TEECapable,
+		Market: st.Market, TEE: st.TEECapable,
 		CPUMilli: st.CPUMilli, MemoryMiB: st.MemoryMiB, FreeCPUMilli: st.FreeCPUMilli, FreeMemoryMiB: st.FreeMemoryMiB,
 		PricePerGPUHourMicros: st.PricePerGPUHourMicros,
 	}
@@ -103,7 +91,7 @@ func nodeOf(st *capacity.NodeState, classes map[string]ports.Class) placement.No
 	for _, a := range st.Allocations {
 		rec, ok := classes[a.RentalID]
 		if !ok {
-			rec = ports.Class{Class: placement.ClassOnDemand}
+			rec = ports.Class{Class: rent.ClassOnDemand}
 		}
 		pa := placement.Allocation{RentalID: a.RentalID, Tenant: a.Tenant, Class: rec.Class, Priority: rec.Priority,
 			CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB, Since: a.CreatedAt}
@@ -147,7 +135,7 @@ func vectorOf(r *placement.Request, m placement.Missing) *shizuv1.ResourceVector
 	if r.NVLink {
 		v.Interconnect = shizuv1.Interconnect_INTERCONNECT_NVLINK
 	}
-	if r.Market == placement.MarketOnDemand {
+	if r.Market == rent.OnDemand {
 		v.Market = shizuv1.Market_MARKET_ON_DEMAND
 	}
 	return v

@@ -10,6 +10,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 	"github.com/shizu-gpu/shizu/services/scheduler/ports"
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 func TestRequestsTakeTheirClassMarketAndDefaultHostShare(t *testing.T) {
@@ -20,9 +21,9 @@ func TestRequestsTakeTheirClassMarketAndDefaultHostShare(t *testing.T) {
 		class  placement.Class
 		market placement.Market
 	}{
-		{"a spot rental may run on any market", shizuv1.Plan_PLAN_SPOT, placement.ClassSpot, placement.MarketAny},
-		{"an on-demand rental runs only on on-demand nodes", shizuv1.Plan_PLAN_ON_DEMAND, placement.ClassOnDemand, placement.MarketOnDemand},
-		{"a reserved rental runs only on on-demand nodes", shizuv1.Plan_PLAN_RESERVED, placement.ClassReserved, placement.MarketOnDemand},
+		{"a spot rental may run on any market", shizuv1.Plan_PLAN_SPOT, rent.ClassSpot, rent.AnyMarket},
+		{"an on-demand rental runs only on on-demand nodes", shizuv1.Plan_PLAN_ON_DEMAND, rent.ClassOnDemand, rent.OnDemand},
+		{"a reserved rental runs only on on-demand nodes", shizuv1.Plan_PLAN_RESERVED, rent.ClassReserved, rent.OnDemand},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,8 +55,8 @@ func TestStoredNodesBecomePlacementNodesWithDomainsMIGAndClasses(t *testing.T) {
 		Allocations: []capacity.Allocation{{Placement: capacity.Placement{RentalID: "mig", Tenant: "t",
 			GPUs: []capacity.GPUShare{{Index: 0, Milli: 285, VRAMMiB: 20, MIGProfile: "2g.20gb", MIGInstance: "MIG-a"}}}, CreatedAt: time.Unix(100, 0)}},
 	}
-	n := nodeOf(&st, map[string]ports.Class{"mig": {Class: placement.ClassSpot, Priority: 7}})
-	if !n.Ready || n.Epoch != 3 || n.Market != placement.MarketSpot {
+	n := nodeOf(&st, map[string]ports.Class{"mig": {Class: rent.ClassSpot, Priority: 7}})
+	if !n.Ready || n.Epoch != 3 || n.Market != rent.Spot {
 		t.Fatalf("node %+v", n)
 	}
 	if n.GPUs[0].NVLinkDomain != -1 || n.GPUs[1].NVLinkDomain != 0 || n.GPUs[2].NVLinkDomain != 0 {
@@ -69,7 +70,7 @@ func TestStoredNodesBecomePlacementNodesWithDomainsMIGAndClasses(t *testing.T) {
 	if n.GPUs[0].Unhealthy || !n.GPUs[1].Unhealthy || n.GPUs[2].Unhealthy {
 		t.Fatalf("health: %v %v %v", n.GPUs[0].Unhealthy, n.GPUs[1].Unhealthy, n.GPUs[2].Unhealthy)
 	}
-	if a := n.Allocations[0]; a.Class != placement.ClassSpot || a.Priority != 7 || !a.Since.Equal(time.Unix(100, 0)) {
+	if a := n.Allocations[0]; a.Class != rent.ClassSpot || a.Priority != 7 || !a.Since.Equal(time.Unix(100, 0)) {
 		t.Fatalf("allocation %+v", a)
 	}
 }

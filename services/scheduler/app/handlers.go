@@ -13,6 +13,7 @@ import (
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // Bus deliveries: each handler turns an event into jobs for the loop, or
@@ -250,15 +251,8 @@ func (s *Scheduler) onHealth(ctx context.Context, ev *shizuv1.NodeHealthChanged,
 	if ev.GetGpuIndex() < 0 {
 		return nil
 	}
-	var h capacity.GPUHealth
-	switch ev.GetHealth() {
-	case shizuv1.Health_HEALTH_HEALTHY:
-		h = capacity.HealthHealthy
-	case shizuv1.Health_HEALTH_DEGRADED:
-		h = capacity.HealthDegraded
-	case shizuv1.Health_HEALTH_FAILED:
-		h = capacity.HealthFailed
-	default:
+	h, ok := rent.HealthOf(ev.GetHealth())
+	if !ok {
 		return fault.Invalid("NodeHealthChanged: health %v", ev.GetHealth())
 	}
 	if ev.GetEpoch() < 1 {

@@ -16,6 +16,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/scheduler/round"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // What a round commits, records and publishes, driven with the fakes of
@@ -40,7 +41,7 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	s.reserve = r.res
-	n := placement.Node{ID: "n1", Epoch: 1, Ready: true, Zone: "zone-a", Market: placement.MarketOnDemand,
+	n := placement.Node{ID: "n1", Epoch: 1, Ready: true, Zone: "zone-a", Market: rent.OnDemand,
 		CPUMilli: 64_000, MemoryMiB: 1 << 18, FreeCPUMilli: 64_000, FreeMemoryMiB: 1 << 18}
 	for i := range 2 {
 		n.GPUs = append(n.GPUs, placement.GPU{Index: i, UUID: fmt.Sprintf("GPU-n1-%d", i), Model: "H100-SXM5-80GB",

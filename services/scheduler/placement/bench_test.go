@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // benchShapes is a trace-like mix (BenchmarkFragMeterUpdate's workload): fractions, whole GPUs, a few multi-GPU.
@@ -45,7 +46,7 @@ func BenchmarkPlanPreemption(b *testing.B) {
 		for g := range 8 {
 			for k := range 2 {
 				id := fmt.Sprintf("s-%d-%d-%d", i, g, k)
-				r := placement.Request{ID: id, Tenant: "spot", Class: placement.ClassSpot, GPUCount: 1, MilliPerGPU: 500, VRAMMiB: 1024, CPUMilli: 1000, MemoryMiB: 1024}
+				r := placement.Request{ID: id, Tenant: "spot", Class: rent.ClassSpot, GPUCount: 1, MilliPerGPU: 500, VRAMMiB: 1024, CPUMilli: 1000, MemoryMiB: 1024}
 				n.Apply(&r, placement.Placement{NodeID: n.ID, CPUMilli: 1000, MemoryMiB: 1024,
 					GPUs: []placement.Share{{Index: g, Milli: 500, VRAMMiB: 1024}}}, t0.Add(-time.Duration(1+(i*16+g*2+k)%997)*time.Second))
 			}

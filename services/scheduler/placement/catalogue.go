@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/shizu-gpu/shizu/shared/gpumodel"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // Model is what the scheduler knows about a GPU model.
@@ -150,7 +151,7 @@ func (r *Request) Validate(c Catalogue) error {
 	if r.ID == "" {
 		add("id", "missing")
 	}
-	if r.Class < ClassSpot || r.Class > ClassReserved {
+	if r.Class < rent.ClassSpot || r.Class > rent.ClassReserved {
 		add("class", "unknown class %d", r.Class)
 	}
 	switch {

@@ -4,13 +4,14 @@ import (
 	"fmt"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // node is a ready on-demand node in zone-a with n empty H100s, all in one
 // NVLink domain, two GPUs per PCIe switch and half of them per NUMA node.
 func node(id string, n int) placement.Node {
 	nd := placement.Node{
-		ID: id, Epoch: 1, Ready: true, Zone: "zone-a", Market: placement.MarketOnDemand,
+		ID: id, Epoch: 1, Ready: true, Zone: "zone-a", Market: rent.OnDemand,
 		CPUMilli: 128_000, MemoryMiB: 1 << 20, FreeCPUMilli: 128_000, FreeMemoryMiB: 1 << 20,
 	}
 	for i := range n {
@@ -37,7 +38,7 @@ func use(n *placement.Node, i int, milli, vram int64) {
 
 // req is a valid on-demand request for one whole GPU.
 func req(id string, edit ...func(*placement.Request)) placement.Request {
-	r := placement.Request{ID: id, Tenant: "acme", Class: placement.ClassOnDemand, GPUCount: 1, MilliPerGPU: 1000,
+	r := placement.Request{ID: id, Tenant: "acme", Class: rent.ClassOnDemand, GPUCount: 1, MilliPerGPU: 1000,
 		CPUMilli: 4000, MemoryMiB: 16 * 1024}
 	for _, e := range edit {
 		e(&r)

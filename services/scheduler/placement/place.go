@@ -7,6 +7,8 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // Reason names the filter that turned a node away.
@@ -39,7 +41,7 @@ type Filter struct {
 var Filters = []Filter{
 	{ReasonNotReady, false, func(_ Catalogue, _ *Request, n *Node) bool { return n.Ready }},
 	{ReasonZone, true, func(_ Catalogue, r *Request, n *Node) bool { return r.Zone == "" || r.Zone == n.Zone }},
-	{ReasonMarket, true, func(_ Catalogue, r *Request, n *Node) bool { return r.Market == MarketAny || r.Market == n.Market }},
+	{ReasonMarket, true, func(_ Catalogue, r *Request, n *Node) bool { return r.Market == rent.AnyMarket || r.Market == n.Market }},
 	{ReasonTEE, true, func(_ Catalogue, r *Request, n *Node) bool { return !r.TEE || n.TEE }},
 	{ReasonModel, true, func(_ Catalogue, r *Request, n *Node) bool {
 		return len(r.Models) == 0 || slices.Contains(r.Models, n.model())

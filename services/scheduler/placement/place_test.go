@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 func TestEachFilterTurnsAwayTheNodeItChecks(t *testing.T) {
@@ -20,7 +21,7 @@ func TestEachFilterTurnsAwayTheNodeItChecks(t *testing.T) {
 	}{
 		{"a node that is not ready takes nothing", with(node("n", 8), func(n *placement.Node) { n.Ready = false }), req("r"), placement.ReasonNotReady},
 		{"a request for another zone skips the node", node("n", 8), req("r", func(r *placement.Request) { r.Zone = "zone-b" }), placement.ReasonZone},
-		{"a request for the spot market skips an on-demand node", node("n", 8), req("r", func(r *placement.Request) { r.Market = placement.MarketSpot }), placement.ReasonMarket},
+		{"a request for the spot market skips an on-demand node", node("n", 8), req("r", func(r *placement.Request) { r.Market = rent.Spot }), placement.ReasonMarket},
 		{"a TEE request skips a node without TEE", node("n", 8), req("r", func(r *placement.Request) { r.TEE = true }), placement.ReasonTEE},
 		{"a request for other models skips the node", node("n", 8), req("r", func(r *placement.Request) { r.Models = []string{"L40S-48GB"} }), placement.ReasonModel},
 		{"a request for ray-tracing cores skips H100s", node("n", 8), req("r", func(r *placement.Request) { r.Capabilities = []string{"rt-cores"} }), placement.ReasonCapability},
@@ -60,9 +61,9 @@ func TestEachFilterTurnsAwayTheNodeItChecks(t *testing.T) {
 
 func TestAMatchingNodePassesEveryFilter(t *testing.T) {
 	t.Parallel()
-	n := with(node("n", 8), func(n *placement.Node) { n.TEE, n.Market, n.Zone = true, placement.MarketSpot, "zone-b" })
+	n := with(node("n", 8), func(n *placement.Node) { n.TEE, n.Market, n.Zone = true, rent.Spot, "zone-b" })
 	r := req("r", func(r *placement.Request) {
-		r.Zone, r.Market, r.TEE = "zone-b", placement.MarketSpot, true
+		r.Zone, r.Market, r.TEE = "zone-b", rent.Spot, true
 		r.Models, r.Capabilities = []string{"H100-SXM5-80GB"}, []string{"fp8", "membw-3000"}
 	})
 	for _, pol := range placement.Policies {

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // maxExactVictims bounds the exhaustive search over victim sets on one
@@ -24,7 +26,7 @@ type Preemption struct {
 
 // Preemptible reports whether a rental of class victim may be evicted for
 // a request of class req: only spot rentals, and only for a higher class.
-func Preemptible(victim, req Class) bool { return victim == ClassSpot && req > victim }
+func Preemptible(victim, req Class) bool { return victim == rent.ClassSpot && req > victim }
 
 // lost is the GPU-seconds a victim loses if evicted at now.
 func lost(a Allocation, now time.Time) float64 {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // hold places an allocation of class c on GPU gpu of node n, running since
@@ -25,11 +26,11 @@ func TestPreemptionEvictsTheSpotRentalsThatLoseTheLeastWork(t *testing.T) {
 	// Node b: one spot rental on a whole GPU running 10 min, and one on the
 	// other GPU running 5 min. An on-demand 1-GPU request: evict the 5-min one.
 	a := node("a", 2)
-	hold(&a, "a-1", placement.ClassSpot, 0, 1000, time.Hour)
-	hold(&a, "a-2", placement.ClassSpot, 1, 1000, time.Hour)
+	hold(&a, "a-1", rent.ClassSpot, 0, 1000, time.Hour)
+	hold(&a, "a-2", rent.ClassSpot, 1, 1000, time.Hour)
 	b := node("b", 2)
-	hold(&b, "b-1", placement.ClassSpot, 0, 1000, 10*time.Minute)
-	hold(&b, "b-2", placement.ClassSpot, 1, 1000, 5*time.Minute)
+	hold(&b, "b-1", rent.ClassSpot, 0, 1000, 10*time.Minute)
+	hold(&b, "b-2", rent.ClassSpot, 1, 1000, 5*time.Minute)
 	c := &placement.Cluster{Nodes: []placement.Node{a, b}}
 	r := req("od")
 	pl := placer(t, placement.PolicyFGD)
@@ -54,9 +55,9 @@ func TestPreemptionTakesSeveralSmallVictimsWhenTheyAreCheaper(t *testing.T) {
 	// whole-GPU spot rental running 1 h: evicting both halves costs
 	// 2·0.5·120 = 120 GPU-seconds, less than 3600.
 	n := node("n", 2)
-	hold(&n, "half-1", placement.ClassSpot, 0, 500, 2*time.Minute)
-	hold(&n, "half-2", placement.ClassSpot, 0, 500, 2*time.Minute)
-	hold(&n, "whole", placement.ClassSpot, 1, 1000, time.Hour)
+	hold(&n, "half-1", rent.ClassSpot, 0, 500, 2*time.Minute)
+	hold(&n, "half-2", rent.ClassSpot, 0, 500, 2*time.Minute)
+	hold(&n, "whole", rent.ClassSpot, 1, 1000, time.Hour)
 	r := req("od")
 	plan, ok := placer(t, placement.PolicyBestFit).PlanPreemption(&placement.Cluster{Nodes: []placement.Node{n}}, &r, t0)
 	if !ok || len(plan.Victims) != 2 || plan.LostGPUSeconds != 120 {
@@ -71,10 +72,10 @@ func TestPreemptionNeverTouchesEqualOrHigherClasses(t *testing.T) {
 		holder  placement.Class
 		request placement.Class
 	}{
-		{"on-demand does not evict on-demand", placement.ClassOnDemand, placement.ClassOnDemand},
-		{"on-demand does not evict reserved", placement.ClassReserved, placement.ClassOnDemand},
-		{"reserved does not evict on-demand", placement.ClassOnDemand, placement.ClassReserved},
-		{"spot does not evict spot", placement.ClassSpot, placement.ClassSpot},
+		{"on-demand does not evict on-demand", rent.ClassOnDemand, rent.ClassOnDemand},
+		{"on-demand does not evict reserved", rent.ClassReserved, rent.ClassOnDemand},
+		{"reserved does not evict on-demand", rent.ClassOnDemand, rent.ClassReserved},
+		{"spot does not evict spot", rent.ClassSpot, rent.ClassSpot},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -89,8 +90,8 @@ func TestPreemptionNeverTouchesEqualOrHigherClasses(t *testing.T) {
 	}
 	// Reserved may evict spot.
 	n := node("n", 1)
-	hold(&n, "spot", placement.ClassSpot, 0, 1000, time.Minute)
-	r := req("r", func(r *placement.Request) { r.Class = placement.ClassReserved })
+	hold(&n, "spot", rent.ClassSpot, 0, 1000, time.Minute)
+	r := req("r", func(r *placement.Request) { r.Class = rent.ClassReserved })
 	if _, ok := placer(t, placement.PolicyFGD).PlanPreemption(&placement.Cluster{Nodes: []placement.Node{n}}, &r, t0); !ok {
 		t.Fatal("reserved must be able to evict spot")
 	}

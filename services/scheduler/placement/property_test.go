@@ -10,6 +10,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // Whatever the policy and the stream of requests and releases, no GPU ever
@@ -53,7 +54,7 @@ func TestNoPlacementEverExceedsAGPU(t *testing.T) {
 				}
 				continue
 			}
-			r := placement.Request{ID: fmt.Sprintf("r%d", step), Tenant: "t", Class: placement.ClassOnDemand,
+			r := placement.Request{ID: fmt.Sprintf("r%d", step), Tenant: "t", Class: rent.ClassOnDemand,
 				CPUMilli: rapid.Int64Range(0, 8000).Draw(t, "cpu"), MemoryMiB: rapid.Int64Range(0, 64*1024).Draw(t, "mem")}
 			switch rapid.IntRange(0, 3).Draw(t, "kind") {
 			case 0:

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // syntheticTask draws a task from a mix shaped like the Alibaba openb trace
@@ -39,7 +40,7 @@ func replay(t *testing.T, pol placement.Policy, seed uint64) float64 {
 	c := &placement.Cluster{}
 	var capacity int64
 	for i := range 120 {
-		n := placement.Node{ID: fmt.Sprintf("n%03d", i), Ready: true, Zone: "z", Market: placement.MarketOnDemand,
+		n := placement.Node{ID: fmt.Sprintf("n%03d", i), Ready: true, Zone: "z", Market: rent.OnDemand,
 			TieRank: uint64(rng.IntN(1 << 30)), CPUMilli: 96_000, MemoryMiB: 1 << 20, FreeCPUMilli: 96_000, FreeMemoryMiB: 1 << 20}
 		for g := range 8 {
 			n.GPUs = append(n.GPUs, placement.GPU{Index: g, Model: "G2", VRAMMiB: 1 << 20, FreeMilli: 1000, FreeVRAMMiB: 1 << 20,
@@ -56,7 +57,7 @@ func replay(t *testing.T, pol placement.Policy, seed uint64) float64 {
 	at100 := -1.0
 	for i := 0; arrived*10 < capacity*13; i++ {
 		s := history[i%len(history)]
-		r := placement.Request{ID: fmt.Sprintf("t%d", i), Tenant: "x", Class: placement.ClassOnDemand,
+		r := placement.Request{ID: fmt.Sprintf("t%d", i), Tenant: "x", Class: rent.ClassOnDemand,
 			GPUCount: s.GPUs, MilliPerGPU: s.Milli, CPUMilli: s.CPUMilli, MemoryMiB: 1024}
 		arrived += int64(s.GPUs) * s.Milli
 		if p, err := pl.Place(c, &r); err == nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -13,7 +14,7 @@ var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 // freeNode is a trace-like node: 8 GPUs of model G2 with the given free
 // milli and the given free CPU.
 func freeNode(id string, cpu int64, free ...int64) placement.Node {
-	n := placement.Node{ID: id, Ready: true, Zone: "z", Market: placement.MarketOnDemand,
+	n := placement.Node{ID: id, Ready: true, Zone: "z", Market: rent.OnDemand,
 		CPUMilli: 96_000, MemoryMiB: 1 << 20, FreeCPUMilli: cpu, FreeMemoryMiB: 1 << 20}
 	for i, f := range free {
 		n.GPUs = append(n.GPUs, placement.GPU{Index: i, Model: "G2", VRAMMiB: 32 * 1024, FreeMilli: f,

@@ -140,4 +140,3 @@ func (p *Placer) fragScore(w *Workload, n *Node, cpu int64, shares []Share) int6
 	}
 	return fgdScore(d)
 }
-

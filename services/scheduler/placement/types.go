@@ -3,6 +3,8 @@ package placement
 import (
 	"slices"
 	"time"
+
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // MilliPerGPU is the capacity of one GPU in milli-GPU.
@@ -12,38 +14,13 @@ const MilliPerGPU = 1000
 // is 0: the level below which time-slicing costs under 8 % of FP32 throughput.
 const DefaultMaxSharers = 4
 
-// Class is a rental's pricing class; higher classes are placed first and
-// never preempted by lower ones.
-type Class int
+// Class is a rental's pricing class (shared/rent's); higher classes are
+// placed first and never preempted by lower ones.
+type Class = rent.Class
 
-// Classes, lowest first.
-const (
-	ClassSpot Class = iota + 1
-	ClassOnDemand
-	ClassReserved
-)
-
-func (c Class) String() string {
-	switch c {
-	case ClassSpot:
-		return "spot"
-	case ClassOnDemand:
-		return "on-demand"
-	case ClassReserved:
-		return "reserved"
-	}
-	return "unknown"
-}
-
-// Market is how a node is bought from its provider.
-type Market string
-
-// Markets; MarketAny in a request means either.
-const (
-	MarketAny      Market = ""
-	MarketOnDemand Market = "on-demand"
-	MarketSpot     Market = "spot"
-)
+// Market is how a node is bought from its provider (shared/rent's);
+// rent.AnyMarket in a request means either.
+type Market = rent.Market
 
 // Cluster is what the placement sees: every node with its free capacity.
 type Cluster struct {

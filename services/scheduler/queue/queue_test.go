@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 	"github.com/shizu-gpu/shizu/services/scheduler/queue"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -34,9 +34,9 @@ func TestClassesGoReservedThenOnDemandThenSpot(t *testing.T) {
 	t.Parallel()
 	var q []queue.Item
 	opts := queue.Options{}
-	q = append(q, queue.Item{ID: "spot", Tenant: "a", Class: placement.ClassSpot, Priority: 1000, Enqueued: t0})
-	q = append(q, queue.Item{ID: "od", Tenant: "b", Class: placement.ClassOnDemand, Enqueued: t0})
-	q = append(q, queue.Item{ID: "res", Tenant: "c", Class: placement.ClassReserved, Enqueued: t0})
+	q = append(q, queue.Item{ID: "spot", Tenant: "a", Class: rent.ClassSpot, Priority: 1000, Enqueued: t0})
+	q = append(q, queue.Item{ID: "od", Tenant: "b", Class: rent.ClassOnDemand, Enqueued: t0})
+	q = append(q, queue.Item{ID: "res", Tenant: "c", Class: rent.ClassReserved, Enqueued: t0})
 	if got := ids(queue.Order(q, t0, opts)); !equal(got, []string{"res", "od", "spot"}) {
 		t.Fatalf("order %v", got)
 	}
@@ -46,8 +46,8 @@ func TestHigherPriorityGoesFirstWithinAClass(t *testing.T) {
 	t.Parallel()
 	var q []queue.Item
 	opts := queue.Options{}
-	q = append(q, queue.Item{ID: "low", Tenant: "a", Class: placement.ClassOnDemand, Priority: 1, Enqueued: t0})
-	q = append(q, queue.Item{ID: "high", Tenant: "b", Class: placement.ClassOnDemand, Priority: 9, Enqueued: t0.Add(time.Second)})
+	q = append(q, queue.Item{ID: "low", Tenant: "a", Class: rent.ClassOnDemand, Priority: 1, Enqueued: t0})
+	q = append(q, queue.Item{ID: "high", Tenant: "b", Class: rent.ClassOnDemand, Priority: 9, Enqueued: t0.Add(time.Second)})
 	if got := ids(queue.Order(q, t0.Add(time.Second), opts)); !equal(got, []string{"high", "low"}) {
 		t.Fatalf("order %v", got)
 	}
@@ -57,16 +57,16 @@ func TestAgingLetsAWaitingRequestOvertakeFresherHigherOnes(t *testing.T) {
 	t.Parallel()
 	opts := queue.Options{AgingStep: time.Second}
 	var q []queue.Item
-	q = append(q, queue.Item{ID: "old-spot", Tenant: "a", Class: placement.ClassSpot, Enqueued: t0})
+	q = append(q, queue.Item{ID: "old-spot", Tenant: "a", Class: rent.ClassSpot, Enqueued: t0})
 	// Fresh on-demand requests keep arriving; the spot one has waited.
 	now := t0.Add(500 * time.Second)
-	q = append(q, queue.Item{ID: "new-od", Tenant: "b", Class: placement.ClassOnDemand, Enqueued: now})
+	q = append(q, queue.Item{ID: "new-od", Tenant: "b", Class: rent.ClassOnDemand, Enqueued: now})
 	if got := ids(queue.Order(q, now, opts)); got[0] != "new-od" {
 		t.Fatalf("after 500 s on-demand still goes first: %v", got)
 	}
 	// After a class span of waiting (1001 s) the spot request goes first.
 	later := t0.Add(1002 * time.Second)
-	q = append(q, queue.Item{ID: "newer-od", Tenant: "c", Class: placement.ClassOnDemand, Enqueued: later})
+	q = append(q, queue.Item{ID: "newer-od", Tenant: "c", Class: rent.ClassOnDemand, Enqueued: later})
 	if got := ids(queue.Order(q, later, opts)); !equal(got, []string{"new-od", "old-spot", "newer-od"}) {
 		t.Fatalf("a spot request waiting 1002 s must not starve: %v", got)
 	}
@@ -77,9 +77,9 @@ func TestOneTenantsBurstInterleavesWithOtherTenants(t *testing.T) {
 	var q []queue.Item
 	opts := queue.Options{}
 	for i := range 100 {
-		q = append(q, queue.Item{ID: string(rune('A'+i/26)) + string(rune('a'+i%26)), Tenant: "bursty", Class: placement.ClassOnDemand, Enqueued: t0})
+		q = append(q, queue.Item{ID: string(rune('A'+i/26)) + string(rune('a'+i%26)), Tenant: "bursty", Class: rent.ClassOnDemand, Enqueued: t0})
 	}
-	q = append(q, queue.Item{ID: "z-other", Tenant: "quiet", Class: placement.ClassOnDemand, Enqueued: t0.Add(time.Millisecond)})
+	q = append(q, queue.Item{ID: "z-other", Tenant: "quiet", Class: rent.ClassOnDemand, Enqueued: t0.Add(time.Millisecond)})
 	got := ids(queue.Order(q, t0.Add(time.Millisecond), opts))
 	pos := -1
 	for i, id := range got {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // Mode is how tasks are submitted.
@@ -91,7 +92,7 @@ func newSim(tr *Trace, pol placement.Policy, w *placement.Workload, tie []int, m
 		maxSharers = 1 << 30
 	}
 	for i, ns := range tr.Nodes {
-		n := placement.Node{ID: ns.Name, Ready: true, Market: placement.MarketOnDemand, TieRank: uint64(tie[i]),
+		n := placement.Node{ID: ns.Name, Ready: true, Market: rent.OnDemand, TieRank: uint64(tie[i]),
 			CPUMilli: ns.CPUMilli, MemoryMiB: ns.MemoryMiB, FreeCPUMilli: ns.CPUMilli, FreeMemoryMiB: ns.MemoryMiB}
 		vram := int64(32 * 1024)
 		if m, ok := cat[ns.Model]; ok && m.VRAMMiB > 0 {
@@ -115,7 +116,7 @@ func newSim(tr *Trace, pol placement.Policy, w *placement.Workload, tie []int, m
 }
 
 func request(p *PodSpec, id string) placement.Request {
-	return placement.Request{ID: id, Tenant: "trace", Class: placement.ClassOnDemand, GPUCount: p.GPUs,
+	return placement.Request{ID: id, Tenant: "trace", Class: rent.ClassOnDemand, GPUCount: p.GPUs,
 		MilliPerGPU: p.GPUMilli, CPUMilli: p.CPUMilli, MemoryMiB: p.MemoryMiB, Models: p.Models}
 }
 

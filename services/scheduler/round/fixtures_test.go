@@ -11,6 +11,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 	"github.com/shizu-gpu/shizu/services/scheduler/round"
 	"github.com/shizu-gpu/shizu/services/scheduler/view"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -18,7 +19,7 @@ var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 // node is a ready on-demand node in zone-a with n empty H100s.
 func node(id string, n int) placement.Node {
 	nd := placement.Node{
-		ID: id, Epoch: 3, Ready: true, Zone: "zone-a", Market: placement.MarketOnDemand,
+		ID: id, Epoch: 3, Ready: true, Zone: "zone-a", Market: rent.OnDemand,
 		CPUMilli: 128_000, MemoryMiB: 1 << 20, FreeCPUMilli: 128_000, FreeMemoryMiB: 1 << 20,
 	}
 	for i := range n {
@@ -55,8 +56,8 @@ func job(t *testing.T, id string, edit ...func(*round.Job)) *round.Job {
 		RentalId: id, TenantId: "tenant-" + id,
 		Spec: &shizuv1.RentalSpec{GpuCount: 1, MilliGpu: 1000, Plan: shizuv1.Plan_PLAN_ON_DEMAND},
 	}
-	r := placement.Request{ID: id, Tenant: ev.GetTenantId(), Class: placement.ClassOnDemand, GPUCount: 1, MilliPerGPU: 1000,
-		CPUMilli: 4000, MemoryMiB: 16 * 1024, Market: placement.MarketOnDemand}
+	r := placement.Request{ID: id, Tenant: ev.GetTenantId(), Class: rent.ClassOnDemand, GPUCount: 1, MilliPerGPU: 1000,
+		CPUMilli: 4000, MemoryMiB: 16 * 1024, Market: rent.OnDemand}
 	j := round.NewJob(ev, r, 1, config(t))
 	for _, e := range edit {
 		e(&j)
@@ -65,10 +66,10 @@ func job(t *testing.T, id string, edit ...func(*round.Job)) *round.Job {
 }
 
 func spot(j *round.Job) {
-	j.Request.Class, j.Request.Market = placement.ClassSpot, placement.MarketAny
+	j.Request.Class, j.Request.Market = rent.ClassSpot, rent.AnyMarket
 }
 
-func reserved(j *round.Job) { j.Request.Class = placement.ClassReserved }
+func reserved(j *round.Job) { j.Request.Class = rent.ClassReserved }
 
 func madeAt(at time.Time) func(*round.Job) {
 	return func(j *round.Job) { j.Enqueued, j.Deadline = at, at.Add(10*time.Minute) }

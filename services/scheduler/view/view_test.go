@@ -8,12 +8,13 @@ import (
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 	"github.com/shizu-gpu/shizu/services/scheduler/view"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
 func node(id string, n int) placement.Node {
-	nd := placement.Node{ID: id, Epoch: 1, Ready: true, Zone: "zone-" + id, Market: placement.MarketOnDemand,
+	nd := placement.Node{ID: id, Epoch: 1, Ready: true, Zone: "zone-" + id, Market: rent.OnDemand,
 		CPUMilli: 64_000, MemoryMiB: 1 << 18, FreeCPUMilli: 64_000, FreeMemoryMiB: 1 << 18}
 	for i := range n {
 		nd.GPUs = append(nd.GPUs, placement.GPU{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", id, i), Model: "H100-SXM5-80GB",
@@ -23,7 +24,7 @@ func node(id string, n int) placement.Node {
 }
 
 func request(id string) placement.Request {
-	return placement.Request{ID: id, Tenant: "t", Class: placement.ClassOnDemand, GPUCount: 1, MilliPerGPU: 500, VRAMMiB: 1024,
+	return placement.Request{ID: id, Tenant: "t", Class: rent.ClassOnDemand, GPUCount: 1, MilliPerGPU: 500, VRAMMiB: 1024,
 		CPUMilli: 1000, MemoryMiB: 1024}
 }
 

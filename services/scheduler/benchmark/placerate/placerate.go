@@ -16,6 +16,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/scheduler/app"
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 	"github.com/shizu-gpu/shizu/shared/benchkit"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // Goal is the decisions/s the placer must reach: the scheduler's end to
@@ -82,7 +83,7 @@ func request(rng *rand.Rand, id string) placement.Request {
 	k := rng.IntN(100)
 	for _, s := range shapes {
 		if k < s.w {
-			r := placement.Request{ID: id, Tenant: "bench", Class: placement.ClassOnDemand, GPUCount: s.gpus,
+			r := placement.Request{ID: id, Tenant: "bench", Class: rent.ClassOnDemand, GPUCount: s.gpus,
 				MilliPerGPU: s.milli, CPUMilli: s.cpu, MemoryMiB: 16 * 1024}
 			if s.milli < 1000 {
 				r.VRAMMiB = 8 * 1024
@@ -91,12 +92,12 @@ func request(rng *rand.Rand, id string) placement.Request {
 		}
 		k -= s.w
 	}
-	return placement.Request{ID: id, Tenant: "bench", Class: placement.ClassOnDemand, GPUCount: 1, MilliPerGPU: 1000, CPUMilli: 4000, MemoryMiB: 16 * 1024}
+	return placement.Request{ID: id, Tenant: "bench", Class: rent.ClassOnDemand, GPUCount: 1, MilliPerGPU: 1000, CPUMilli: 4000, MemoryMiB: 16 * 1024}
 }
 
 func node(i int) placement.Node {
 	id := fmt.Sprintf("node-%04d", i)
-	n := placement.Node{ID: id, Epoch: 1, Ready: true, Zone: "zone-a", Market: placement.MarketOnDemand,
+	n := placement.Node{ID: id, Epoch: 1, Ready: true, Zone: "zone-a", Market: rent.OnDemand,
 		CPUMilli: 128_000, MemoryMiB: 1 << 20, FreeCPUMilli: 128_000, FreeMemoryMiB: 1 << 20}
 	for g := range 8 {
 		n.GPUs = append(n.GPUs, placement.GPU{Index: g, UUID: fmt.Sprintf("GPU-%s-%d", id, g), Model: "H100-SXM5-80GB",

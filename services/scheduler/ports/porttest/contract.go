@@ -8,10 +8,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
-	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 	"github.com/shizu-gpu/shizu/services/scheduler/ports"
 	"github.com/shizu-gpu/shizu/services/scheduler/round"
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/rent"
 	"github.com/shizu-gpu/shizu/shared/subject"
 )
 
@@ -94,7 +94,7 @@ func RunOutcomeRecordsContract(t *testing.T, newImpl func(t *testing.T) ports.Ou
 	t.Helper()
 	t.Run("the first claim of an attempt wins and every later one reads it", func(t *testing.T) {
 		rec := newImpl(t)
-		won, err := rec.Claim(t.Context(), []string{"r1"}, round.OutcomeScheduled, []string{"n1@5"}, []ports.Class{{Class: placement.ClassSpot, Priority: 3}})
+		won, err := rec.Claim(t.Context(), []string{"r1"}, round.OutcomeScheduled, []string{"n1@5"}, []ports.Class{{Class: rent.ClassSpot, Priority: 3}})
 		if err != nil || len(won) != 1 || won[0] != (round.Claim{Outcome: round.OutcomeScheduled, Won: true, Alloc: "n1@5"}) {
 			t.Fatalf("first claim = %+v, %v", won, err)
 		}
@@ -110,11 +110,11 @@ func RunOutcomeRecordsContract(t *testing.T, newImpl func(t *testing.T) ports.Ou
 	})
 	t.Run("a placed rental keeps its class until it is forgotten", func(t *testing.T) {
 		rec := newImpl(t)
-		if _, err := rec.Claim(t.Context(), []string{"r1.2"}, round.OutcomeScheduled, []string{"n1@5"}, []ports.Class{{Class: placement.ClassSpot, Priority: 3}}); err != nil {
+		if _, err := rec.Claim(t.Context(), []string{"r1.2"}, round.OutcomeScheduled, []string{"n1@5"}, []ports.Class{{Class: rent.ClassSpot, Priority: 3}}); err != nil {
 			t.Fatal(err)
 		}
 		classes, err := rec.Classes(t.Context(), []string{"r1", "r2"})
-		if err != nil || len(classes) != 1 || classes["r1"] != (ports.Class{Class: placement.ClassSpot, Priority: 3}) {
+		if err != nil || len(classes) != 1 || classes["r1"] != (ports.Class{Class: rent.ClassSpot, Priority: 3}) {
 			t.Fatalf("Classes = %v, %v", classes, err)
 		}
 		if placed, err := rec.Placed(t.Context(), "r1"); !placed || err != nil {
