@@ -26,7 +26,7 @@ import (
 // (a RentalMigrating then carries their spec).
 func waitIndexed(t testing.TB, e *env, rentals ...string) {
 	t.Helper()
-	rdb := e.redis.Client(t)
+	rdb := e.Redis.Client(t)
 	eventually(t, func() error {
 		for _, r := range rentals {
 			if n, err := rdb.Exists(t.Context(), "shizu:failover:rental:"+r).Result(); err != nil || n == 0 {
@@ -343,7 +343,7 @@ func TestAMovedRentalThatStartsAgainIsMigratedWithItsDowntime(t *testing.T) {
 	if histogramCount(t, reader, "shizu.failover.downtime") != 1 || histogramCount(t, reader, "shizu.failover.fence_to_scheduled") != 1 {
 		t.Fatal("downtime or fence-to-scheduled not recorded")
 	}
-	if exists, _ := e.redis.Client(t).Exists(t.Context(), "shizu:failover:migration:r1").Result(); exists != 0 {
+	if exists, _ := e.Redis.Client(t).Exists(t.Context(), "shizu:failover:migration:r1").Result(); exists != 0 {
 		t.Fatal("the finished migration is still recorded")
 	}
 }
@@ -440,7 +440,7 @@ func TestMovesRecordedButNeverHandedOverAreFinishedByTheSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What the dead replica wrote (records.go's format) before it died.
-	rdb := e.redis.Client(t)
+	rdb := e.Redis.Client(t)
 	decided := time.Now().Add(-time.Minute)
 	for _, r := range []string{"r1", "r2"} {
 		raw := fmt.Sprintf(`{"rental":%q,"tenant":"acme","from_node":"n1","from_epoch":%d,"from_attempt":1,"next_attempt":2,`+
@@ -484,7 +484,7 @@ func TestAFlappingNodeIsQuarantined(t *testing.T) {
 		}
 		return nil
 	})
-	raw, err := e.redis.Client(t).HGet(t.Context(), "shizu:failover:quarantine", "n1").Result()
+	raw, err := e.Redis.Client(t).HGet(t.Context(), "shizu:failover:quarantine", "n1").Result()
 	if err != nil || raw == "" {
 		t.Fatalf("no quarantine record: %v", err)
 	}
@@ -507,7 +507,7 @@ func TestAQuarantinedNodeTakesWorkAgainWhenItsQuarantineEnds(t *testing.T) {
 		if err != nil || st.Status != capacity.StatusReady || st.Epoch != epoch {
 			return fmt.Errorf("n1 is %s at %d, want ready at %d (%v)", st.Status, st.Epoch, epoch, err)
 		}
-		if n, err := e.redis.Client(t).HLen(t.Context(), "shizu:failover:quarantine").Result(); err != nil || n != 0 {
+		if n, err := e.Redis.Client(t).HLen(t.Context(), "shizu:failover:quarantine").Result(); err != nil || n != 0 {
 			return fmt.Errorf("%d quarantine records left (%v)", n, err)
 		}
 		return nil
@@ -660,7 +660,7 @@ func TestAMoveThatCannotBePublishedDoesNotStrandTheOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdb := e.redis.Client(t)
+	rdb := e.Redis.Client(t)
 	if err := rdb.HSet(t.Context(), "shizu:failover:rental:r-bad", "attempt", "1", "tenant", "bad.tenant", "node", "n1", "spec", rawSpec).Err(); err != nil {
 		t.Fatal(err)
 	}
