@@ -27,25 +27,19 @@ func withSystemUser(user, pw string) func(*server.Options) {
 
 func TestACrashedAgentsDisconnectIsALossLongBeforeItsHeartbeatExpires(t *testing.T) {
 	t.Parallel()
-	srv := testkit.StartNATS(t, testkit.WithUsers(topology.Users(), password), withSystemUser("sys", "pw-sys"))
+	srv := testkit.StartNATS(t, testkit.WithUsers(topology.Users(), testkit.Password), withSystemUser("sys", "pw-sys"))
 	// The heartbeat outlives the test's patience: only the disconnect can
 	// reveal the crash.
-	e := newEnvWith(t, time.Minute, srv)
+	e := newEnv(t, time.Minute, testkit.OnNATS(srv))
 	epoch := e.node(t, "n1", 8)
 	e.rent(t, "r1", "n1", epoch, shizuv1.Plan_PLAN_ON_DEMAND, 0)
 	cfg := testConfig()
 	cfg.Advisory.URL, cfg.Advisory.User, cfg.Advisory.Password = srv.URL, "sys", "pw-sys"
 	e.startReplica(t, cfg, "failover-a", nil)
 	waitIndexed(t, e, "r1")
-	agent, err := nats.Connect(srv.URL, nats.UserInfo(topology.NodeAgent, password(topology.NodeAgent)), nats.Name("node-agent:n1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	agent := srv.Connect(t, nats.UserInfo(topology.NodeAgent, testkit.Password(topology.NodeAgent)), nats.Name("node-agent:n1"))
 	// Another service's connection closing is no node's loss.
-	other, err := nats.Connect(srv.URL, nats.UserInfo(topology.NodeAgent, password(topology.NodeAgent)), nats.Name("node-agent"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := srv.Connect(t, nats.UserInfo(topology.NodeAgent, testkit.Password(topology.NodeAgent)), nats.Name("node-agent"))
 	other.Close()
 	e.beat(t, "n1", epoch)()
 	agent.Close() // the process dies: the server sees the connection drop

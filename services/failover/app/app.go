@@ -22,7 +22,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/failover/detect"
@@ -70,32 +69,25 @@ func DefaultConfig() Config {
 }
 
 // RegisterFlags binds the failover's own flags (the common ones are bound by
-// service.Main). Only the advisory connection reads variables:
-// SHIZU_FAILOVER_ADVISORY_URL and _USER (the defaults of -advisory-url and
-// -advisory-user) and SHIZU_FAILOVER_ADVISORY_PASSWORD (no flag); the
-// other flags have none.
+// service.Main), each with a SHIZU_FAILOVER_<FLAG> variable (service.Flags):
+// the advisory connection's are SHIZU_FAILOVER_ADVISORY_URL, _USER and
+// _PASSWORD.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	env := func(key string, into *string) {
-		if v, ok := os.LookupEnv(key); ok {
-			*into = v
-		}
-	}
-	env("SHIZU_FAILOVER_ADVISORY_URL", &c.Advisory.URL)
-	env("SHIZU_FAILOVER_ADVISORY_USER", &c.Advisory.User)
-	env("SHIZU_FAILOVER_ADVISORY_PASSWORD", &c.Advisory.Password)
-	fs.DurationVar(&c.Detect.Confirm, "confirm", c.Detect.Confirm, "how long an expired heartbeat stays suspect before the node is lost")
-	fs.DurationVar(&c.Detect.DisconnectGrace, "disconnect-grace", c.Detect.DisconnectGrace, "after an agent disconnect, lost unless it beats within this long (agents beat at once on reconnect)")
-	fs.DurationVar(&c.Detect.FlapWindow, "flap-window", c.Detect.FlapWindow, "window in which losses count as flapping")
-	fs.IntVar(&c.Detect.FlapThreshold, "flap-threshold", c.Detect.FlapThreshold, "losses within the window that quarantine a node")
-	fs.DurationVar(&c.Detect.QuarantineBase, "quarantine", c.Detect.QuarantineBase, "first quarantine of a flapping node (doubles per further loss)")
-	fs.DurationVar(&c.Detect.QuarantineMax, "quarantine-max", c.Detect.QuarantineMax, "longest quarantine")
-	fs.Float64Var(&c.Pace.PerSecond, "moves-per-second", c.Pace.PerSecond, "rentals handed to the scheduler per second in a storm")
-	fs.IntVar(&c.Pace.Burst, "moves-burst", c.Pace.Burst, "rentals handed to the scheduler at once")
-	fs.DurationVar(&c.Tick, "tick", c.Tick, "how often suspicions and queued moves are looked at")
-	fs.DurationVar(&c.Sweep, "sweep", c.Sweep, "how often half-done work of a dead replica is looked for")
-	fs.DurationVar(&c.HeartbeatTTL, "heartbeat-ttl", c.HeartbeatTTL, "TTL of the heartbeat bucket (as the agents use it)")
-	fs.StringVar(&c.Advisory.URL, "advisory-url", c.Advisory.URL, "NATS URL for client-disconnect advisories (system account user); empty disables the fast path [SHIZU_FAILOVER_ADVISORY_URL]")
-	fs.StringVar(&c.Advisory.User, "advisory-user", c.Advisory.User, "system account user for the advisories [SHIZU_FAILOVER_ADVISORY_USER]")
+	f := c.Service.Flags(fs)
+	f.Duration(&c.Detect.Confirm, "confirm", "how long an expired heartbeat stays suspect before the node is lost")
+	f.Duration(&c.Detect.DisconnectGrace, "disconnect-grace", "after an agent disconnect, lost unless it beats within this long (agents beat at once on reconnect)")
+	f.Duration(&c.Detect.FlapWindow, "flap-window", "window in which losses count as flapping")
+	f.Int(&c.Detect.FlapThreshold, "flap-threshold", "losses within the window that quarantine a node")
+	f.Duration(&c.Detect.QuarantineBase, "quarantine", "first quarantine of a flapping node (doubles per further loss)")
+	f.Duration(&c.Detect.QuarantineMax, "quarantine-max", "longest quarantine")
+	f.Float64(&c.Pace.PerSecond, "moves-per-second", "rentals handed to the scheduler per second in a storm")
+	f.Int(&c.Pace.Burst, "moves-burst", "rentals handed to the scheduler at once")
+	f.Duration(&c.Tick, "tick", "how often suspicions and queued moves are looked at")
+	f.Duration(&c.Sweep, "sweep", "how often half-done work of a dead replica is looked for")
+	f.Duration(&c.HeartbeatTTL, "heartbeat-ttl", "TTL of the heartbeat bucket (as the agents use it)")
+	f.String(&c.Advisory.URL, "advisory-url", "NATS URL for client-disconnect advisories (system account user); empty disables the fast path")
+	f.String(&c.Advisory.User, "advisory-user", "system account user for the advisories")
+	f.String(&c.Advisory.Password, "advisory-password", "password of the advisory user; prefer the environment")
 }
 
 // Validate reports every problem in the configuration.

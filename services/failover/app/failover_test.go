@@ -1,18 +1,14 @@
 package app_test
 
 import (
-	"encoding/json"
 	"fmt"
-	"maps"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/sdk/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
@@ -26,11 +22,15 @@ import (
 // (a RentalMigrating then carries their spec).
 func waitIndexed(t testing.TB, e *env, rentals ...string) {
 	t.Helper()
-	rdb := e.redis.Client(t)
+	rdb := e.Redis.Client(t)
 	eventually(t, func() error {
 		for _, r := range rentals {
-			if n, err := rdb.Exists(t.Context(), "shizu:failover:rental:"+r).Result(); err != nil || n == 0 {
-				return fmt.Errorf("%s not indexed yet (%v)", r, err)
+			n, err := rdb.Exists(t.Context(), "shizu:failover:rental:"+r).Result()
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				return fmt.Errorf("%s not indexed yet", r)
 			}
 		}
 		return nil
@@ -140,7 +140,7 @@ func TestTheStormIsHandedOverReservedFirst(t *testing.T) {
 	}
 }
 
-func sumCounter(t testing.TB, reader *metric.ManualReader, name string, attr ...string) int64 {
+func sumCounter(t testing.TB, reader *sdkmetric.ManualReader, name string, attr ...string) int64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(t.Context(), &rm); err != nil {
@@ -171,7 +171,7 @@ func sumCounter(t testing.TB, reader *metric.ManualReader, name string, attr ...
 	return total
 }
 
-func histogramCount(t testing.TB, reader *metric.ManualReader, name string) uint64 {
+func histogramCount(t testing.TB, reader *sdkmetric.ManualReader, name string) uint64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(t.Context(), &rm); err != nil {
@@ -200,8 +200,8 @@ func TestOfTwoRacingReplicasExactlyOneFencesAndMoves(t *testing.T) {
 		rentals = append(rentals, r)
 		e.rent(t, r, "n1", epoch, shizuv1.Plan_PLAN_ON_DEMAND, g)
 	}
-	reader := metric.NewManualReader()
-	m, err := app.NewMetrics(metric.NewMeterProvider(metric.WithReader(reader)))
+	reader := sdkmetric.NewManualReader()
+	m, err := app.NewMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,8 +301,8 @@ func TestAMovedRentalThatStartsAgainIsMigratedWithItsDowntime(t *testing.T) {
 	epoch := e.node(t, "n1", 8)
 	e.node(t, "n2", 8)
 	e.rent(t, "r1", "n1", epoch, shizuv1.Plan_PLAN_ON_DEMAND, 0)
-	reader := metric.NewManualReader()
-	m, err := app.NewMetrics(metric.NewMeterProvider(metric.WithReader(reader)))
+	reader := sdkmetric.NewManualReader()
+	m, err := app.NewMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +343,7 @@ func TestAMovedRentalThatStartsAgainIsMigratedWithItsDowntime(t *testing.T) {
 	if histogramCount(t, reader, "shizu.failover.downtime") != 1 || histogramCount(t, reader, "shizu.failover.fence_to_scheduled") != 1 {
 		t.Fatal("downtime or fence-to-scheduled not recorded")
 	}
-	if exists, _ := e.redis.Client(t).Exists(t.Context(), "shizu:failover:migration:r1").Result(); exists != 0 {
+	if exists, _ := e.Redis.Client(t).Exists(t.Context(), "shizu:failover:migration:r1").Result(); exists != 0 {
 		t.Fatal("the finished migration is still recorded")
 	}
 }
@@ -417,159 +417,11 @@ func TestASpotNoticeMovesRentalsBeforeBreakingThem(t *testing.T) {
 	})
 	eventually(t, func() error {
 		st, err := e.store.Node(t.Context(), "n1")
-		if err != nil || len(st.Allocations) != 0 || st.FreeGPUs[0].Milli != capacity.MilliPerGPU {
-			return fmt.Errorf("n1 still holds %+v (%v)", st.Allocations, err)
-		}
-		return nil
-	})
-}
-
-// A replica that died between recording its moves and handing them over
-// (its records say not published) leaves work the sweep of another
-// replica finishes: the allocations on the fenced node are released and
-// each rental is handed over once.
-func TestMovesRecordedButNeverHandedOverAreFinishedByTheSweep(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, time.Second)
-	epoch := e.node(t, "n1", 8)
-	e.rent(t, "r1", "n1", epoch, shizuv1.Plan_PLAN_ON_DEMAND, 0)
-	e.rent(t, "r2", "n1", epoch, shizuv1.Plan_PLAN_ON_DEMAND, 1)
-	e.node(t, "n2", 8)
-	e.beat(t, "n2", 1)
-	if _, err := e.store.Fence(t.Context(), "n1", epoch); err != nil {
-		t.Fatal(err)
-	}
-	// What the dead replica wrote (records.go's format) before it died.
-	rdb := e.redis.Client(t)
-	decided := time.Now().Add(-time.Minute)
-	for _, r := range []string{"r1", "r2"} {
-		raw := fmt.Sprintf(`{"rental":%q,"tenant":"acme","from_node":"n1","from_epoch":%d,"from_attempt":1,"next_attempt":2,`+
-			`"reason":%d,"mode":"break","last_beat":%q,"last_alive":%q,"decided_at":%q,"cause":"node:n1:lost:%d","class":1}`,
-			r, epoch, shizuv1.MigrationReason_MIGRATION_REASON_NODE_LOST, decided.Add(-3*time.Second).Format(time.RFC3339Nano),
-			decided.Add(-3*time.Second).Format(time.RFC3339Nano), decided.Format(time.RFC3339Nano), epoch)
-		if err := rdb.Set(t.Context(), "shizu:failover:migration:"+r, raw, 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-		if err := rdb.SAdd(t.Context(), "shizu:failover:migrations", r).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg := testConfig()
-	cfg.Sweep = 200 * time.Millisecond
-	e.startReplica(t, cfg, "failover-b", nil)
-	eventually(t, func() error {
-		got := migratingByRental(t, e)
-		if got["r1"] == nil || got["r2"] == nil {
-			return fmt.Errorf("handed over %d of 2", len(got))
-		}
-		st, err := e.store.Node(t.Context(), "n1")
-		if err != nil || len(st.Allocations) != 0 {
-			return fmt.Errorf("n1 still holds %d allocations (%v)", len(st.Allocations), err)
-		}
-		return nil
-	})
-	if ms := events[*shizuv1.RentalMigrating](t, e, topology.StreamRentals, subject.RentalMigratingAll); len(ms) != 2 {
-		t.Fatalf("%d RentalMigrating, want one per rental", len(ms))
-	}
-}
-
-func TestAFlappingNodeIsQuarantined(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, time.Second)
-	epoch := flap(t, e, time.Hour, nil)
-	eventually(t, func() error {
-		st, err := e.store.Node(t.Context(), "n1")
-		if err != nil || st.Status != capacity.StatusDraining || st.Epoch != epoch {
-			return fmt.Errorf("n1 is %s at %d, want quarantined (draining) at %d (%v)", st.Status, st.Epoch, epoch, err)
-		}
-		return nil
-	})
-	raw, err := e.redis.Client(t).HGet(t.Context(), "shizu:failover:quarantine", "n1").Result()
-	if err != nil || raw == "" {
-		t.Fatalf("no quarantine record: %v", err)
-	}
-}
-
-func TestAQuarantinedNodeTakesWorkAgainWhenItsQuarantineEnds(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, time.Second)
-	reader := metric.NewManualReader()
-	m, err := app.NewMetrics(metric.NewMeterProvider(metric.WithReader(reader)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	epoch := flap(t, e, 300*time.Millisecond, m)
-	eventually(t, func() error {
-		if n := sumCounter(t, reader, "shizu.failover.quarantines"); n != 1 {
-			return fmt.Errorf("%d quarantines", n)
-		}
-		st, err := e.store.Node(t.Context(), "n1")
-		if err != nil || st.Status != capacity.StatusReady || st.Epoch != epoch {
-			return fmt.Errorf("n1 is %s at %d, want ready at %d (%v)", st.Status, st.Epoch, epoch, err)
-		}
-		if n, err := e.redis.Client(t).HLen(t.Context(), "shizu:failover:quarantine").Result(); err != nil || n != 0 {
-			return fmt.Errorf("%d quarantine records left (%v)", n, err)
-		}
-		return nil
-	})
-}
-
-// flap makes node n1 die twice and come back each time, with a failover
-// replica that quarantines at the second loss for quarantine; it returns
-// the node's last epoch.
-func flap(t *testing.T, e *env, quarantine time.Duration, m *app.Metrics) uint64 {
-	t.Helper()
-	cfg := testConfig()
-	cfg.Detect.FlapThreshold = 2
-	cfg.Detect.QuarantineBase = quarantine
-	cfg.Detect.QuarantineMax = quarantine
-	e.startReplica(t, cfg, "failover-a", m)
-	epoch := e.node(t, "n1", 2)
-	register := func(epoch uint64) {
-		e.publishValid(t, subject.NodeRegistered, "n1", &shizuv1.NodeRegistered{
-			Meta: meta(fmt.Sprintf("node:n1:registered:%d", epoch), "n1"), NodeId: "n1", Epoch: int64(epoch), Zone: "z1",
-			Market: shizuv1.Market_MARKET_ON_DEMAND, PricePerGpuHour: &shizuv1.Money{Micros: 2_000_000, Currency: "USD"},
-			CpuMilli: 192_000, MemoryMib: 2 << 20,
-			Gpus: []*shizuv1.Gpu{{Index: 0, Uuid: "GPU-n1-0", Model: "H100-SXM5-80GB", VramMib: 81920, PciBusId: "00000000:3B:00.0"},
-				{Index: 1, Uuid: "GPU-n1-1", Model: "H100-SXM5-80GB", VramMib: 81920, PciBusId: "00000000:5D:00.0"}},
-		})
-	}
-	register(epoch)
-	for loss := 1; loss <= 2; loss++ {
-		e.beat(t, "n1", epoch)() // beats once, then dies
-		eventually(t, func() error {
-			st, err := e.store.Node(t.Context(), "n1")
-			if err != nil || st.Status != capacity.StatusDead {
-				return fmt.Errorf("not fenced yet (%v)", err)
-			}
-			return nil
-		})
-		epoch = e.node(t, "n1", 2) // the agent comes back
-		register(epoch)
-	}
-	e.beat(t, "n1", epoch) // and stays
-	return epoch
-}
-
-func TestMalformedNodeEventsAreDeadLettered(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, time.Second)
-	e.startReplica(t, testConfig(), "failover-a", nil)
-	bad := &shizuv1.NodeHealthChanged{Meta: meta("node:n1:health:bad", "n1"), NodeId: "n1", Epoch: 1, GpuIndex: 3,
-		Health: shizuv1.Health_HEALTH_FAILED, PreviousHealth: shizuv1.Health_HEALTH_FAILED}
-	if bad.Validate() == nil {
-		t.Fatal("the bad event is valid")
-	}
-	e.publish(t, subject.NodeHealth, "n1", bad)
-	eventually(t, func() error {
-		info, err := e.js.Stream(t.Context(), topology.StreamDeadLetter)
 		if err != nil {
 			return err
 		}
-		if info.CachedInfo().State.Msgs == 0 {
-			if i, err := info.Info(t.Context()); err != nil || i.State.Msgs == 0 {
-				return fmt.Errorf("no dead letter yet")
-			}
+		if len(st.Allocations) != 0 || st.FreeGPUs[0].Milli != capacity.MilliPerGPU {
+			return fmt.Errorf("n1 still holds %+v", st.Allocations)
 		}
 		return nil
 	})
@@ -608,118 +460,5 @@ func TestANodeThatReportsItselfFailedIsFencedAtOnce(t *testing.T) {
 	}
 	if st, _ := e.store.Node(t.Context(), "n1"); st.Status != capacity.StatusDead || len(st.Allocations) != 0 {
 		t.Fatalf("n1 is %s with %d allocations", st.Status, len(st.Allocations))
-	}
-}
-
-func TestANodeThatDiedWhileNoReplicaWatchedIsFoundByTheSweep(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, time.Second)
-	epoch := e.node(t, "n1", 8)
-	e.rent(t, "r1", "n1", epoch, shizuv1.Plan_PLAN_ON_DEMAND, 0)
-	e.node(t, "n2", 8)
-	e.beat(t, "n2", 1) // alive throughout
-	// n1 never beats while failover runs.
-	cfg := testConfig()
-	cfg.Sweep = 200 * time.Millisecond
-	e.startReplica(t, cfg, "failover-a", nil)
-	eventually(t, func() error {
-		if m := migratingByRental(t, e)["r1"]; m == nil {
-			return fmt.Errorf("r1 not moved")
-		}
-		return nil
-	})
-	if st, _ := e.store.Node(t.Context(), "n2"); st.Status != capacity.StatusReady {
-		t.Fatalf("the beating node n2 is %s", st.Status)
-	}
-	lost := events[*shizuv1.NodeLost](t, e, topology.StreamNodes, subject.NodeLostAll)
-	if len(lost) != 1 || lost[0].GetNodeId() != "n1" {
-		t.Fatalf("NodeLost %v, want n1 only", lost)
-	}
-}
-
-// A move that can never be published (its tenant id is no subject token)
-// does not hold back the moves handed over with it: they go out, it stays
-// on the dead node with its allocation, recorded as failed and counted.
-func TestAMoveThatCannotBePublishedDoesNotStrandTheOthers(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, time.Second)
-	epoch := e.node(t, "n1", 8)
-	e.node(t, "n2", 8)
-	e.rent(t, "r1", "n1", epoch, shizuv1.Plan_PLAN_ON_DEMAND, 0)
-	e.rent(t, "r2", "n1", epoch, shizuv1.Plan_PLAN_ON_DEMAND, 1)
-	// The capacity store takes any tenant without spaces; a subject token
-	// must not contain a dot.
-	bad := capacity.Placement{RentalID: "r-bad", NodeID: "n1", Epoch: epoch, Tenant: "bad.tenant", CPUMilli: 1000, MemoryMiB: 1024,
-		GPUs: []capacity.GPUShare{{Index: 2, Milli: 1000, VRAMMiB: 81920}}}
-	if _, err := e.store.Reserve(t.Context(), bad); err != nil {
-		t.Fatal(err)
-	}
-	// Indexed as reserved (records.go's format), so it is first in storm
-	// order: ahead of the two it must not hold back.
-	rawSpec, err := proto.Marshal(spec(shizuv1.Plan_PLAN_RESERVED, 1, 1000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := e.redis.Client(t)
-	if err := rdb.HSet(t.Context(), "shizu:failover:rental:r-bad", "attempt", "1", "tenant", "bad.tenant", "node", "n1", "spec", rawSpec).Err(); err != nil {
-		t.Fatal(err)
-	}
-	reader := metric.NewManualReader()
-	m, err := app.NewMetrics(metric.NewMeterProvider(metric.WithReader(reader)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.startReplica(t, testConfig(), "failover-a", m)
-	waitIndexed(t, e, "r1", "r2")
-	e.beat(t, "n2", 1)
-	e.beat(t, "n1", epoch)() // the agent dies
-
-	eventually(t, func() error {
-		if got := migratingByRental(t, e); got["r1"] == nil || got["r2"] == nil {
-			return fmt.Errorf("handed over %d of 2", len(got))
-		}
-		if n := sumCounter(t, reader, "shizu.failover.move_failures"); n != 1 {
-			return fmt.Errorf("%d move failures so far", n)
-		}
-		return nil
-	})
-	if got := migratingByRental(t, e); len(got) != 2 || got["r-bad"] != nil {
-		t.Fatalf("RentalMigrating for %v, want r1 and r2 only", slices.Collect(maps.Keys(got)))
-	}
-	st, err := e.store.Node(t.Context(), "n1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(st.Allocations) != 1 || st.Allocations[0].RentalID != "r-bad" {
-		t.Fatalf("n1 holds %v, want only r-bad's allocation (the others released)", st.Allocations)
-	}
-	type record struct {
-		Published bool   `json:"published"`
-		Failed    string `json:"failed"`
-	}
-	recordOf := func(rental string) (record, []byte) {
-		raw, err := rdb.Get(t.Context(), "shizu:failover:migration:"+rental).Bytes()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rec record
-		if err := json.Unmarshal(raw, &rec); err != nil {
-			t.Fatal(err)
-		}
-		return rec, raw
-	}
-	if rec, raw := recordOf("r-bad"); rec.Published || !strings.Contains(rec.Failed, "bad.tenant") {
-		t.Fatalf("r-bad's record %s, want unpublished and failed naming the tenant", raw)
-	}
-	eventually(t, func() error { // marked handed over once the acks are in
-		for _, r := range []string{"r1", "r2"} {
-			if rec, raw := recordOf(r); !rec.Published || rec.Failed != "" {
-				return fmt.Errorf("%s's record %s, want published", r, raw)
-			}
-		}
-		return nil
-	})
-	if n := sumCounter(t, reader, "shizu.failover.migrations"); n != 2 {
-		t.Fatalf("%d migrations counted, want 2", n)
 	}
 }

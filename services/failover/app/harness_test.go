@@ -24,50 +24,21 @@ import (
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
-func password(user string) string { return "pw-" + user }
-
-// env is one real NATS (the topology's users, streams and heartbeat
-// bucket) and one real Redis.
+// env is a Platform (the topology's users, streams and heartbeat bucket on
+// a real NATS, and a real Redis) with a capacity store and a JetStream view
+// to read back what was published.
 type env struct {
-	nats  *testkit.NATS
-	redis *testkit.Redis
-	admin *bus.Conn
-	js    jetstream.JetStream
+	*testkit.Deployment
 	store *capacity.Store
-	hb    *bus.Heartbeats
+	js    jetstream.JetStream
 }
 
-func newEnv(t testing.TB, ttl time.Duration) *env {
+// newEnv starts a Platform whose heartbeat bucket has ttl.
+func newEnv(t testing.TB, ttl time.Duration, opts ...testkit.PlatformOption) *env {
 	t.Helper()
-	return newEnvWith(t, ttl, nil)
-}
-
-func newEnvWith(t testing.TB, ttl time.Duration, server *testkit.NATS) *env {
-	t.Helper()
-	e := &env{nats: server, redis: testkit.StartRedis(t)}
-	if e.nats == nil {
-		e.nats = testkit.StartNATS(t, testkit.WithUsers(topology.Users(), password))
-	}
-	var err error
-	e.admin, err = bus.Connect(t.Context(), bus.Config{URL: e.nats.URL, User: topology.Admin, Password: password(topology.Admin)}, bus.Instruments{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.admin.Close(context.WithoutCancel(t.Context())) })
-	if err := e.admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
-		t.Fatal(err)
-	}
-	if e.hb, err = e.admin.EnsureHeartbeats(t.Context(), topology.Heartbeats(1, ttl)); err != nil {
-		t.Fatal(err)
-	}
-	if e.store, err = capacity.New(e.redis.Client(t)); err != nil {
-		t.Fatal(err)
-	}
-	nc := e.nats.Connect(t, nats.UserInfo(topology.Admin, password(topology.Admin)))
-	if e.js, err = jetstream.New(nc); err != nil {
-		t.Fatal(err)
-	}
-	return e
+	d := testkit.Platform(t, append([]testkit.PlatformOption{testkit.WithHeartbeats(ttl)}, opts...)...)
+	_, js := d.NATS.JetStream(t, nats.UserInfo(topology.Admin, testkit.Password(topology.Admin)))
+	return &env{Deployment: d, store: d.Capacity(t), js: js}
 }
 
 // replica is one failover replica running in the test process.
@@ -88,19 +59,15 @@ func testConfig() app.Config {
 
 func (e *env) startReplica(t testing.TB, cfg app.Config, name string, m *app.Metrics) *replica {
 	t.Helper()
-	conn, err := bus.Connect(t.Context(), bus.Config{URL: e.nats.URL, User: topology.Failover, Password: password(topology.Failover), Name: name}, bus.Instruments{})
+	busCfg := e.BusConfig(topology.Failover)
+	busCfg.Name = name
+	conn := e.ConnectWith(t, busCfg, bus.Instruments{}) // closed after the replica stopped (cleanups run last first)
+	hb, err := conn.OpenHeartbeats(t.Context(), topology.HeartbeatBucket, e.Heartbeats.TTL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	hb, err := conn.OpenHeartbeats(t.Context(), topology.HeartbeatBucket, e.hb.TTL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := e.redis.Client(t)
-	store, err := capacity.New(rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rdb := e.Redis.Client(t)
+	store := e.Capacity(t)
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", name)
 	f, err := app.New(cfg, app.Deps{Bus: conn, Heartbeats: hb, Store: store, Redis: rdb, Log: log, Metrics: m, Source: name})
 	if err != nil {
@@ -119,7 +86,6 @@ func (e *env) startReplica(t testing.TB, cfg app.Config, name string, m *app.Met
 			_ = r.parts[i].Stop(stopCtx)
 		}
 		cancel()
-		_ = conn.Close(stopCtx)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -188,7 +154,7 @@ func (e *env) publish(t testing.TB, form, token string, ev proto.Message) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.admin.Publish(t.Context(), subj, ev); err != nil {
+	if _, err := e.Admin.Publish(t.Context(), subj, ev); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -211,7 +177,7 @@ func (e *env) beat(t testing.TB, node string, epoch uint64) (stop func()) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	payload := []byte(strconv.FormatUint(epoch, 10))
-	if _, err := e.hb.Beat(ctx, node, payload); err != nil {
+	if _, err := e.Heartbeats.Beat(ctx, node, payload); err != nil {
 		t.Fatal(err)
 	}
 	go func() {
@@ -223,7 +189,7 @@ func (e *env) beat(t testing.TB, node string, epoch uint64) (stop func()) {
 			case <-ctx.Done():
 				return
 			case <-tick.C:
-				_, _ = e.hb.Beat(ctx, node, payload)
+				_, _ = e.Heartbeats.Beat(ctx, node, payload)
 			}
 		}
 	}()

@@ -17,18 +17,20 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
-// Class orders rentals in a storm: lower moves first.
-type Class int
+// Class is a rental's class (rent.Class): a higher class moves first in a
+// storm, a rental failover never saw scheduled (ClassUnknown) last.
+type Class = rent.Class
 
-// Classes (the scheduler's level-one order).
+// Classes, as the storm order names them.
 const (
-	ClassReserved Class = iota
-	ClassOnDemand
-	ClassSpot
-	// ClassUnknown: a rental failover never saw scheduled; moved last.
-	ClassUnknown
+	ClassReserved = rent.ClassReserved
+	ClassOnDemand = rent.ClassOnDemand
+	ClassSpot     = rent.ClassSpot
+	ClassUnknown  = rent.ClassUnknown
 )
 
 // Move is one rental to move off a node.
@@ -49,11 +51,12 @@ type Move struct {
 	Value any
 }
 
-// Less is the storm order: class, then priority (higher first), then the
-// older failure, then arrival.
+// Less is the storm order: class (higher first: reserved, on-demand,
+// spot, unknown), then priority (higher first), then the older failure,
+// then arrival.
 func Less(a, b *Move) bool {
 	if a.Class != b.Class {
-		return a.Class < b.Class
+		return a.Class > b.Class
 	}
 	if a.Priority != b.Priority {
 		return a.Priority > b.Priority

@@ -1,9 +1,12 @@
 package migrate
 
 import (
+	"encoding/json"
+	"slices"
 	"time"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/rent"
 )
 
 // Modes of a move.
@@ -38,15 +41,53 @@ type Record struct {
 	Scheduled   bool      `json:"scheduled,omitempty"` // fence-to-scheduled measured
 	// Failed says why the move can never be handed over (invalid input);
 	// the sweep leaves it alone and the rental stays on its old node.
-	Failed   string `json:"failed,omitempty"`
-	Class    int    `json:"class"`
-	Priority int    `json:"priority"`
+	Failed string `json:"failed,omitempty"`
+	// Class is stored as its storm rank (see MarshalJSON).
+	Class    Class `json:"class"`
+	Priority int   `json:"priority"`
+}
+
+// storedRanks are the classes by the rank a record stores ("class"):
+// replicas recorded the storm rank, 0 first, before classes became
+// rent.Class (which counts the other way), and records outlive replicas.
+var storedRanks = [...]Class{ClassReserved, ClassOnDemand, ClassSpot, ClassUnknown}
+
+// MarshalJSON writes the record with its class as the storm rank, so
+// replicas of every version read each other's records the same.
+func (r Record) MarshalJSON() ([]byte, error) {
+	type fields Record // without the methods
+	rank := slices.Index(storedRanks[:], r.Class)
+	if rank < 0 {
+		rank = len(storedRanks) - 1
+	}
+	return json.Marshal(struct {
+		fields
+		Class int `json:"class"`
+	}{fields(r), rank})
+}
+
+// UnmarshalJSON reads a record written by MarshalJSON; a rank it does not
+// know is ClassUnknown (moved last).
+func (r *Record) UnmarshalJSON(data []byte) error {
+	type fields Record // without the methods
+	v := struct {
+		*fields
+		Class int `json:"class"`
+	}{fields: (*fields)(r)}
+	if err := json.Unmarshal(data, &v); err != nil {
+		return err
+	}
+	r.Class = ClassUnknown
+	if v.Class >= 0 && v.Class < len(storedRanks) {
+		r.Class = storedRanks[v.Class]
+	}
+	return nil
 }
 
 // Move is the record as the queue orders it.
 func (r Record) Move() Move {
 	return Move{Rental: r.Rental, Tenant: r.Tenant, Node: r.FromNode, GPUs: r.GPUs,
-		Class: Class(r.Class), Priority: r.Priority, Since: r.DecidedAt, Value: r}
+		Class: r.Class, Priority: r.Priority, Since: r.DecidedAt, Value: r}
 }
 
 // Placement is what failover knows of a rental's latest placement (from
@@ -130,11 +171,11 @@ func PlanMoves(allocs []Allocation, placements map[string]Placement, prevs map[s
 		m := Record{
 			Rental: a.Rental, Tenant: a.Tenant, FromNode: o.Node, FromEpoch: o.Epoch,
 			Reason: o.Reason, Mode: o.Mode, StopOld: o.StopOld, LastAlive: o.LastAlive, LastBeat: o.LastBeat,
-			DecidedAt: o.Decided, Cause: o.Cause, Class: int(ClassUnknown), GPUs: a.GPUs,
+			DecidedAt: o.Decided, Cause: o.Cause, Class: ClassUnknown, GPUs: a.GPUs,
 		}
 		if pl, known := placements[a.Rental]; known {
 			m.FromAttempt, m.NextAttempt = pl.Attempt, pl.Attempt+1
-			m.Class, m.Priority = int(classOf(pl.Spec.GetPlan())), int(pl.Spec.GetPriority())
+			m.Class, m.Priority = rent.ClassOf(pl.Spec.GetPlan()), int(pl.Spec.GetPriority())
 		}
 		if moving && prev.FromNode != o.Node && prev.NextAttempt > m.FromAttempt {
 			// The rental was already moved off another node and placed
@@ -153,18 +194,6 @@ func PlanMoves(allocs []Allocation, placements map[string]Placement, prevs map[s
 		p.Moves = append(p.Moves, m)
 	}
 	return p
-}
-
-func classOf(p shizuv1.Plan) Class {
-	switch p {
-	case shizuv1.Plan_PLAN_RESERVED:
-		return ClassReserved
-	case shizuv1.Plan_PLAN_ON_DEMAND:
-		return ClassOnDemand
-	case shizuv1.Plan_PLAN_SPOT:
-		return ClassSpot
-	}
-	return ClassUnknown
 }
 
 // Stale are the recorded moves (ids in the order listed) that a replica

@@ -1,8 +1,10 @@
 package migrate
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,7 +36,7 @@ func placed(attempt int32, plan shizuv1.Plan, priority int32) Placement {
 func recorded(rental string) Record {
 	o := noticeOrder()
 	return Record{Rental: rental, Tenant: "acme", FromNode: "n1", FromEpoch: 4, FromAttempt: 1, NextAttempt: 2,
-		Reason: o.Reason, Mode: o.Mode, DecidedAt: o.Decided, Cause: o.Cause, Class: int(ClassSpot)}
+		Reason: o.Reason, Mode: o.Mode, DecidedAt: o.Decided, Cause: o.Cause, Class: ClassSpot}
 }
 
 func plannedRentals(rs []Record) []string {
@@ -64,7 +66,7 @@ func TestPlanMoves(t *testing.T) {
 			order:      lostOrder(),
 			check: func(t *testing.T, p Plan) {
 				m := p.Moves[0]
-				if len(p.Moves) != 1 || m.FromAttempt != 1 || m.NextAttempt != 2 || m.Class != int(ClassReserved) || m.Priority != 7 {
+				if len(p.Moves) != 1 || m.FromAttempt != 1 || m.NextAttempt != 2 || m.Class != ClassReserved || m.Priority != 7 {
 					t.Fatalf("planned %+v", p.Moves)
 				}
 				if m.FromNode != "n1" || m.FromEpoch != 4 || !slices.Equal(m.GPUs, []int{2, 3}) || m.Mode != ModeBreak ||
@@ -78,7 +80,7 @@ func TestPlanMoves(t *testing.T) {
 			allocs: []Allocation{alloc("r1", 0)},
 			order:  lostOrder(),
 			check: func(t *testing.T, p Plan) {
-				if m := p.Moves[0]; m.FromAttempt != 0 || m.NextAttempt != 0 || m.Class != int(ClassUnknown) {
+				if m := p.Moves[0]; m.FromAttempt != 0 || m.NextAttempt != 0 || m.Class != ClassUnknown {
 					t.Fatalf("planned %+v, want attempt 0 of class unknown", m)
 				}
 			},
@@ -247,5 +249,44 @@ func TestARecordIsQueuedInItsStormRank(t *testing.T) {
 	if m.Rental != "r1" || m.Class != ClassSpot || m.Priority != 9 || !m.Since.Equal(r.DecidedAt) || m.Node != "n1" ||
 		!slices.Equal(m.GPUs, []int{4}) || fmt.Sprint(m.Value) != fmt.Sprint(r) {
 		t.Fatalf("move %+v of %+v", m, r)
+	}
+}
+
+// Records outlive replicas: the class is stored as the storm rank replicas
+// wrote before classes became rent.Class (0 reserved ... 3 unknown).
+func TestARecordStoresItsClassAsTheStormRankOlderReplicasWrote(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		class Class
+		json  string
+	}{
+		{ClassReserved, `"class":0`},
+		{ClassOnDemand, `"class":1`},
+		{ClassSpot, `"class":2`},
+		{ClassUnknown, `"class":3`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.class.String(), func(t *testing.T) {
+			r := recorded("r1")
+			r.Class = tc.class
+			raw, err := json.Marshal(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(raw), tc.json) || strings.Count(string(raw), `"class"`) != 1 {
+				t.Fatalf("%s recorded as %s, want one %s", tc.class, raw, tc.json)
+			}
+			var back Record
+			if err := json.Unmarshal(raw, &back); err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(back) != fmt.Sprint(r) {
+				t.Fatalf("read back %+v, want %+v", back, r)
+			}
+		})
+	}
+	var r Record
+	if err := json.Unmarshal([]byte(`{"rental":"r1","class":9}`), &r); err != nil || r.Class != ClassUnknown || r.Rental != "r1" {
+		t.Fatalf("a rank no replica writes: %+v (%v), want class unknown", r, err)
 	}
 }

@@ -61,7 +61,7 @@ func Record(rental string) migrate.Record {
 	return migrate.Record{Rental: rental, Tenant: "acme", FromNode: "n1", FromEpoch: 3, FromAttempt: 1, NextAttempt: 2,
 		GPUs: []int{0}, Reason: int32(shizuv1.MigrationReason_MIGRATION_REASON_NODE_LOST), Mode: migrate.ModeBreak,
 		LastAlive: t0.Add(-3 * time.Second), LastBeat: t0.Add(-3 * time.Second), DecidedAt: t0, Cause: "node:n1:lost:3",
-		Class: int(migrate.ClassOnDemand)}
+		Class: migrate.ClassOnDemand}
 }
 
 func must(t *testing.T, err error) {

@@ -1,8 +1,7 @@
 // Command failover runs the Shizu failover service. Configuration comes from
-// flags; the common ones (NATS, Redis, HTTP, logging) and the advisory
-// connection's default to SHIZU_* environment variables (see
-// app.Config.RegisterFlags). Run with -h for the list and -validate to check
-// a configuration without starting.
+// flags, each defaulting to a SHIZU_* environment variable (failover's own
+// are SHIZU_FAILOVER_<FLAG>; see app.Config.RegisterFlags). Run with -h for
+// the list and -validate to check a configuration without starting.
 package main
 
 import (
