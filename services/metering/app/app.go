@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
@@ -32,8 +31,8 @@ type Config struct {
 	// Rules are the billing interval and minimum charge.
 	Rules ledger.Rules
 	// CloseGrace is how long after an interval boundary a running rental's
-	// record for it is closed, so a stop or a failover that happened before
-	// the boundary arrives in time to end billing there.
+	// record is closed, so a stop before the boundary arrives in time
+	// (docs/design/watermark.md, clock rule).
 	CloseGrace time.Duration
 	// Tick is how often due intervals are looked for.
 	Tick time.Duration
@@ -49,8 +48,6 @@ type Config struct {
 	FastAck bool
 	// KeyPrefix prefixes every Redis key of metering.
 	KeyPrefix string
-
-	envErrs []error // SHIZU_METERING_* values that did not parse
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -59,59 +56,24 @@ func DefaultConfig() Config {
 		CloseGrace: 30 * time.Second, Tick: time.Second, Concurrency: 4, Batch: 500, FastAck: true, KeyPrefix: "mt:"}
 }
 
-func envOr(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok {
-		return v
-	}
-	return def
-}
-
 // RegisterFlags binds the metering's own flags (the common ones are bound by
-// service.Main). Defaults come from SHIZU_METERING_* variables.
+// service.Main), each with a SHIZU_METERING_<FLAG> variable (service.Flags).
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	c.CataloguePath = envOr("SHIZU_METERING_CATALOGUE", c.CataloguePath)
-	c.AccountsPath = envOr("SHIZU_METERING_ACCOUNTS", c.AccountsPath)
-	fs.StringVar(&c.CataloguePath, "catalogue", c.CataloguePath, "price catalogue (JSON); empty uses the shipped one [SHIZU_METERING_CATALOGUE]")
-	fs.StringVar(&c.AccountsPath, "accounts", c.AccountsPath, "reserved commitments and budgets (JSON) [SHIZU_METERING_ACCOUNTS]")
-	fs.Func("interval", "usage record interval for running rentals [SHIZU_METERING_INTERVAL] (default "+c.Rules.Interval.String()+")", durationFlag(&c.Rules.Interval))
-	fs.Func("minimum-charge", "minimum on-demand charge [SHIZU_METERING_MINIMUM_CHARGE] (default "+c.Rules.MinimumCharge.String()+")", durationFlag(&c.Rules.MinimumCharge))
-	fs.DurationVar(&c.CloseGrace, "close-grace", c.CloseGrace, "wait after an interval boundary before closing a running rental's record")
-	fs.DurationVar(&c.Tick, "tick", c.Tick, "how often due intervals are closed")
-	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "batches handled at once per consumer")
-	fs.IntVar(&c.Batch, "batch", c.Batch, "most events handled together in one batch")
-	fs.BoolVar(&c.FastAck, "fast-ack", c.FastAck, "acknowledge without waiting for the server")
-	for key, d := range map[string]*time.Duration{"SHIZU_METERING_INTERVAL": &c.Rules.Interval, "SHIZU_METERING_MINIMUM_CHARGE": &c.Rules.MinimumCharge} {
-		if v, ok := os.LookupEnv(key); ok {
-			if parsed, err := time.ParseDuration(v); err == nil {
-				*d = parsed
-			} else {
-				c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a duration (e.g. 1m)", key, v))
-			}
-		}
-	}
-	if v, ok := os.LookupEnv("SHIZU_METERING_CONCURRENCY"); ok {
-		if n, err := strconv.Atoi(v); err == nil {
-			c.Concurrency = n
-		} else {
-			c.envErrs = append(c.envErrs, fmt.Errorf("SHIZU_METERING_CONCURRENCY: %q is not a whole number", v))
-		}
-	}
-}
-
-func durationFlag(d *time.Duration) func(string) error {
-	return func(s string) error {
-		v, err := time.ParseDuration(s)
-		if err != nil {
-			return err
-		}
-		*d = v
-		return nil
-	}
+	f := c.Service.Flags(fs)
+	f.String(&c.CataloguePath, "catalogue", "price catalogue (JSON); empty uses the shipped one")
+	f.String(&c.AccountsPath, "accounts", "reserved commitments and budgets (JSON)")
+	f.Duration(&c.Rules.Interval, "interval", "usage record interval for running rentals", service.Expect("a duration (e.g. 1m)"))
+	f.Duration(&c.Rules.MinimumCharge, "minimum-charge", "minimum on-demand charge", service.Expect("a duration (e.g. 1m)"))
+	f.Duration(&c.CloseGrace, "close-grace", "wait after an interval boundary before closing a running rental's record")
+	f.Duration(&c.Tick, "tick", "how often due intervals are closed")
+	f.Int(&c.Concurrency, "concurrency", "batches handled at once per consumer")
+	f.Int(&c.Batch, "batch", "most events handled together in one batch")
+	f.Bool(&c.FastAck, "fast-ack", "acknowledge without waiting for the server")
 }
 
 // Validate reports every problem in the configuration.
 func (c Config) Validate() error {
-	errs := append([]error{c.Service.Validate()}, c.envErrs...)
+	errs := []error{c.Service.Validate()}
 	if err := c.Rules.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("metering: %w", err))
 	}
@@ -182,10 +144,6 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return nil, err
 		}
-		out := make([]service.Part, len(parts))
-		for i, p := range parts {
-			out[i] = p
-		}
-		return out, nil
+		return parts, nil
 	})
 }

@@ -1,8 +1,8 @@
 package app_test
 
 import (
-	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -44,9 +44,12 @@ func (e *env) prices(t testing.TB, cfg app.Config) {
 	e.publish(t, spotEvents())
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
 	testkit.Eventually(t, 10*time.Second, func() error {
-		got, err := store.SpotPrices(context.Background(), "eu-1", "H100-SXM5-80GB", time.Time{})
-		if err != nil || len(got) != len(spotPrices) {
-			return fmt.Errorf("%d spot prices stored (%v)", len(got), err)
+		got, err := store.SpotPrices(t.Context(), "eu-1", "H100-SXM5-80GB", time.Time{})
+		if err != nil {
+			return err
+		}
+		if len(got) != len(spotPrices) {
+			return fmt.Errorf("%d spot prices stored", len(got))
 		}
 		return nil
 	})
@@ -84,7 +87,7 @@ func TestDuplicatesAndRedeliveriesNeverDoubleCharge(t *testing.T) {
 		m.Data = data
 		m.Header.Set(bus.HeaderEvent, string(ev.msg.ProtoReflect().Descriptor().FullName()))
 		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dup-%d", i))
-		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		if _, err := js.PublishMsg(t.Context(), m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -92,12 +95,12 @@ func TestDuplicatesAndRedeliveriesNeverDoubleCharge(t *testing.T) {
 	e.settled(t, cfg.KeyPrefix, want)
 	// Usage records published twice (a second replica, a replay after the
 	// stream's duplicate window) are folded into the aggregates once.
-	billing, err := js.Stream(context.Background(), topology.StreamBilling)
+	billing, err := js.Stream(t.Context(), topology.StreamBilling)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for seq := uint64(1); seq <= 5; seq++ {
-		msg, err := billing.GetMsg(context.Background(), seq)
+		msg, err := billing.GetMsg(t.Context(), seq)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +108,7 @@ func TestDuplicatesAndRedeliveriesNeverDoubleCharge(t *testing.T) {
 		m.Data = msg.Data
 		m.Header.Set(bus.HeaderEvent, "shizu.v1.UsageRecorded")
 		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("replay-%d", seq))
-		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		if _, err := js.PublishMsg(t.Context(), m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -153,7 +156,7 @@ func TestKillingAReplicaMidStreamOrRunningTwoGivesTheCleanRunsLedger(t *testing.
 	clean.publish(t, allEvents(rentals))
 	clean.settled(t, cfg.KeyPrefix, want)
 	cleanLedger, _ := clean.billed(t)
-	cleanAgg, err := aggregatesOf(clean.rdb, cfg.KeyPrefix).Dump(context.Background(), "0")
+	cleanAgg, err := aggregatesOf(clean.rdb, cfg.KeyPrefix).Dump(t.Context(), "0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +184,7 @@ func TestKillingAReplicaMidStreamOrRunningTwoGivesTheCleanRunsLedger(t *testing.
 	if strings.Join(sortedIDs(got), ",") != strings.Join(sortedIDs(cleanLedger), ",") || total(got) != total(cleanLedger) {
 		t.Fatalf("ledger differs from the clean run: %d records / %d µ vs %d / %d", len(got), total(got), len(cleanLedger), total(cleanLedger))
 	}
-	agg, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(context.Background(), "0")
+	agg, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(t.Context(), "0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,31 +204,31 @@ func TestRebuildFromTheStreamReproducesTheAggregatesExactly(t *testing.T) {
 	want := expectedLedger(t, cfg, rentals)
 	e.settled(t, cfg.KeyPrefix, want)
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
-	before, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(context.Background(), "0")
+	before, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(t.Context(), "0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := app.Rebuild(context.Background(), e.pub, store)
+	res, err := app.Rebuild(t.Context(), e.pub, store)
 	if err != nil {
 		t.Fatalf("rebuild: %v", err)
 	}
 	if res.Generation == "0" || res.Applied != len(want) || res.Invalid != 0 {
 		t.Fatalf("rebuild %+v, want a new generation with %d records", res, len(want))
 	}
-	after, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(context.Background(), res.Generation)
+	after, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(t.Context(), res.Generation)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(after) == 0 || fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Fatalf("rebuilt aggregates differ:\n%v\n%v", after, before)
 	}
-	if old, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(context.Background(), "0"); len(old) != 0 {
+	if old, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).Dump(t.Context(), "0"); len(old) != 0 {
 		t.Fatalf("old generation not dropped: %d keys", len(old))
 	}
 	// Queries read the rebuilt generation.
 	var sum int64
 	for _, tenant := range []string{"t0", "t1", "t2"} {
-		v, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).TenantTotal(context.Background(), tenant, "USD")
+		v, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).TenantTotal(t.Context(), tenant, "USD")
 		sum += v
 	}
 	if sum != total(want) {
@@ -235,17 +238,17 @@ func TestRebuildFromTheStreamReproducesTheAggregatesExactly(t *testing.T) {
 
 func deadLetters(t testing.TB, e *env) []jetstream.RawStreamMsg {
 	t.Helper()
-	s, err := e.pub.JetStream().Stream(context.Background(), topology.StreamDeadLetter)
+	s, err := e.pub.JetStream().Stream(t.Context(), topology.StreamDeadLetter)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.Info(context.Background())
+	info, err := s.Info(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []jetstream.RawStreamMsg
 	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
-		m, err := s.GetMsg(context.Background(), seq)
+		m, err := s.GetMsg(t.Context(), seq)
 		if err == nil {
 			out = append(out, *m)
 		}
@@ -278,7 +281,7 @@ func TestBadInputIsDeadLetteredWithAReasonAndChangesNoTotal(t *testing.T) {
 	m.Data = []byte("\xff\x00 not protobuf")
 	m.Header.Set(bus.HeaderEvent, "shizu.v1.RentalStopped")
 	m.Header.Set(jetstream.MsgIDHeader, "garbage-1")
-	if _, err := e.pub.JetStream().PublishMsg(context.Background(), m); err != nil {
+	if _, err := e.pub.JetStream().PublishMsg(t.Context(), m); err != nil {
 		t.Fatal(err)
 	}
 
@@ -298,7 +301,7 @@ func TestBadInputIsDeadLetteredWithAReasonAndChangesNoTotal(t *testing.T) {
 	})
 	e.settled(t, cfg.KeyPrefix, want)
 	for _, id := range []string{"bad-model", "bad-duration"} {
-		if micros, mgs, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(context.Background(), id); micros != 0 || mgs != 0 {
+		if micros, mgs, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(t.Context(), id); micros != 0 || mgs != 0 {
 			t.Fatalf("rental %s was billed %d µ", id, micros)
 		}
 	}
@@ -317,19 +320,22 @@ func TestRunningRentalsAreClosedAtEveryIntervalBoundary(t *testing.T) {
 	e.publish(t, running.events())
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := segment(store, ledger.SegmentRef{RentalID: "long", Attempt: 1})
-		if err != nil || st.StartedAt.IsZero() || !st.Scheduled {
-			return fmt.Errorf("not started yet (%v)", err)
+		st, err := segment(t.Context(), store, ledger.SegmentRef{RentalID: "long", Attempt: 1})
+		if err != nil {
+			return err
+		}
+		if st.StartedAt.IsZero() || !st.Scheduled {
+			return errors.New("not started yet")
 		}
 		return nil
 	})
 	// Five minutes later, closing due intervals bills the four whole
 	// minutes that have passed the grace and are closed.
 	now.Store(base.Add(5*time.Minute + cfg.CloseGrace).UnixNano())
-	if _, err := r.meter.CloseDue(context.Background()); err != nil {
+	if _, err := r.meter.CloseDue(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.meter.CloseDue(context.Background()); err != nil { // idempotent
+	if _, err := r.meter.CloseDue(t.Context()); err != nil { // idempotent
 		t.Fatal(err)
 	}
 	want := map[string]int64{}
@@ -357,11 +363,11 @@ func TestTheMeteringUserMayMeterRebuildAndInvoice(t *testing.T) {
 	want := expectedLedger(t, cfg, rentals)
 	e.settled(t, cfg.KeyPrefix, want)
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
-	if _, err := app.Rebuild(context.Background(), r.conn, store); err != nil {
+	if _, err := app.Rebuild(t.Context(), r.conn, store); err != nil {
 		t.Fatalf("rebuild as the metering user: %v", err)
 	}
 	day := base.Truncate(24 * time.Hour)
-	inv, err := app.CloseInvoice(context.Background(), cfg, r.conn, store, "t0", day, day.AddDate(0, 0, 1))
+	inv, err := app.CloseInvoice(t.Context(), cfg, r.conn, store, "t0", day, day.AddDate(0, 0, 1))
 	if err != nil {
 		t.Fatalf("invoice as the metering user: %v", err)
 	}
@@ -373,7 +379,7 @@ func TestTheMeteringUserMayMeterRebuildAndInvoice(t *testing.T) {
 		if rt.tenant != "t0" {
 			continue
 		}
-		micros, mgs, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(context.Background(), rt.id)
+		micros, mgs, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(t.Context(), rt.id)
 		switch rt.plan {
 		case shizuv1.Plan_PLAN_ON_DEMAND:
 			onDemand += micros
@@ -395,8 +401,8 @@ func TestTheMeteringUserMayMeterRebuildAndInvoice(t *testing.T) {
 	if inv.Total.Micros != onDemand+spot || len(inv.Lines) == 0 {
 		t.Fatalf("invoice total %d µ, want %d", inv.Total.Micros, onDemand+spot)
 	}
-	s, _ := e.pub.JetStream().Stream(context.Background(), topology.StreamBilling)
-	msg, err := s.GetLastMsgForSubject(context.Background(), "invoice.t0.closed")
+	s, _ := e.pub.JetStream().Stream(t.Context(), topology.StreamBilling)
+	msg, err := s.GetLastMsgForSubject(t.Context(), "invoice.t0.closed")
 	if err != nil {
 		t.Fatalf("no invoice published: %v", err)
 	}
@@ -425,14 +431,14 @@ func TestBudgetAlertsAndTheLabelReportFollowTheSpend(t *testing.T) {
 	want := expectedLedger(t, cfg, rentals)
 	e.settled(t, cfg.KeyPrefix, want)
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
-	rep, err := app.MonthReport(context.Background(), store, "t0", base)
+	rep, err := app.MonthReport(t.Context(), store, "t0", base)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rep.CrossedMicros) != 1 || rep.CrossedMicros[0] != 1000 {
 		t.Fatalf("crossed %v, want only the 1000 µ threshold", rep.CrossedMicros)
 	}
-	tenantTotal, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).TenantTotal(context.Background(), "t0", "USD")
+	tenantTotal, _ := aggregatesOf(e.rdb, cfg.KeyPrefix).TenantTotal(t.Context(), "t0", "USD")
 	if rep.ByLabel["team=vision|USD"]+rep.ByLabel["team=nlp|USD"] != tenantTotal || tenantTotal == 0 {
 		t.Fatalf("label report %v does not add up to the tenant's %d µ", rep.ByLabel, tenantTotal)
 	}
@@ -497,11 +503,11 @@ func TestTheRebuildInvoiceAndReportCommandsRunAsTheMeteringUser(t *testing.T) {
 	}
 	e.publish(t, allEvents(rentals))
 	e.settled(t, cfg.KeyPrefix, expectedLedger(t, cfg, rentals))
-	common := []string{"-nats-url", e.nats.URL, "-nats-user", topology.Metering, "-nats-password", password(topology.Metering),
-		"-redis-url", e.redisURL, "-log-level", "error"}
+	common := []string{"-nats-url", e.NATS.URL, "-nats-user", topology.Metering, "-nats-password", testkit.Password(topology.Metering),
+		"-redis-url", e.RedisURL(), "-log-level", "error"}
 	run := func(name string, args ...string) (int, string, string) {
 		var out, errb strings.Builder
-		code := app.Command(name, append(append([]string{}, common...), args...), &out, &errb)
+		code := app.Command(t.Context(), name, append(append([]string{}, common...), args...), &out, &errb)
 		return code, out.String(), errb.String()
 	}
 	if code, out, errb := run("rebuild"); code != 0 || !strings.Contains(out, `"Generation": "1"`) {
@@ -522,7 +528,7 @@ func TestTheRebuildInvoiceAndReportCommandsRunAsTheMeteringUser(t *testing.T) {
 // budgetCrossings reads every budget crossing in the BILLING stream.
 func (e *env) budgetCrossings(t testing.TB) []*shizuv1.BudgetThresholdCrossed {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	s, err := e.pub.JetStream().Stream(ctx, topology.StreamBilling)
 	if err != nil {
 		t.Fatal(err)
@@ -556,11 +562,7 @@ func (e *env) budgetCrossings(t testing.TB) []*shizuv1.BudgetThresholdCrossed {
 func (e *env) drained(t testing.TB) {
 	t.Helper()
 	testkit.Eventually(t, 30*time.Second, func() error {
-		cons, err := e.pub.JetStream().Consumer(context.Background(), topology.StreamBilling, "metering-usage")
-		if err != nil {
-			return err
-		}
-		info, err := cons.Info(context.Background())
+		info, err := e.consumerInfo(t.Context(), topology.StreamBilling, "metering-usage")
 		if err != nil {
 			return err
 		}
@@ -621,12 +623,12 @@ func TestBudgetCrossingsArePublishedOncePerThresholdAndPeriod(t *testing.T) {
 	// The usage records delivered again (under fresh message ids, as after
 	// the stream's duplicate window): no new crossing.
 	js := e.pub.JetStream()
-	billing, err := js.Stream(context.Background(), topology.StreamBilling)
+	billing, err := js.Stream(t.Context(), topology.StreamBilling)
 	if err != nil {
 		t.Fatal(err)
 	}
 	replay := func(seq uint64, id string) {
-		msg, err := billing.GetMsg(context.Background(), seq)
+		msg, err := billing.GetMsg(t.Context(), seq)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -637,11 +639,11 @@ func TestBudgetCrossingsArePublishedOncePerThresholdAndPeriod(t *testing.T) {
 		m.Data = msg.Data
 		m.Header.Set(bus.HeaderEvent, msg.Header.Get(bus.HeaderEvent))
 		m.Header.Set(jetstream.MsgIDHeader, id)
-		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		if _, err := js.PublishMsg(t.Context(), m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	info, err := billing.Info(context.Background())
+	info, err := billing.Info(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -657,7 +659,7 @@ func TestBudgetCrossingsArePublishedOncePerThresholdAndPeriod(t *testing.T) {
 	// A crash after publishing a crossing but before marking it alerted:
 	// the next record republishes it under the same id, which the stream
 	// stores once.
-	if err := e.rdb.Del(context.Background(), cfg.KeyPrefix+"alerts:t0:2026-11").Err(); err != nil {
+	if err := e.rdb.Del(t.Context(), cfg.KeyPrefix+"alerts:t0:2026-11").Err(); err != nil {
 		t.Fatal(err)
 	}
 	replay(info.State.FirstSeq, "replay-again")
@@ -666,7 +668,7 @@ func TestBudgetCrossingsArePublishedOncePerThresholdAndPeriod(t *testing.T) {
 		t.Fatalf("%d crossings in the stream after re-alerting, want still 3", n)
 	}
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
-	alerted, err := store.Alerts(context.Background(), "t0", "2026-11")
+	alerted, err := store.Alerts(t.Context(), "t0", "2026-11")
 	if err != nil || len(alerted) != 3 {
 		t.Fatalf("alerted %v (%v), want the three thresholds marked again", alerted, err)
 	}
@@ -710,32 +712,26 @@ func TestSpotBeforeTheFirstMarketPriceIsBilledAtTheCataloguesSpotDefault(t *test
 	// default; no market price of eu-9 is ever published.
 	e.publish(t, allEvents([]rental{spot("s-above", 1_500_000), spot("s-below", 1_000_000)}))
 	testkit.Eventually(t, 30*time.Second, func() error {
-		for _, c := range consumers() {
-			cons, err := e.pub.JetStream().Consumer(context.Background(), c.Stream, c.Durable)
-			if err != nil {
-				return err
-			}
-			info, err := cons.Info(context.Background())
-			if err != nil {
-				return err
-			}
-			if info.NumPending > 0 || info.NumAckPending > 0 {
-				return fmt.Errorf("%s: %d pending", c.Durable, info.NumPending+uint64(info.NumAckPending))
-			}
+		if err := e.busy(t.Context()); err != nil {
+			return err
 		}
-		if micros, _, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(context.Background(), "s-above"); err != nil || micros == 0 {
-			return fmt.Errorf("s-above not billed yet (%v)", err)
+		micros, _, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(t.Context(), "s-above")
+		if err != nil {
+			return err
+		}
+		if micros == 0 {
+			return errors.New("s-above not billed yet")
 		}
 		return nil
 	})
-	above, _, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(context.Background(), "s-above")
+	above, _, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(t.Context(), "s-above")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if above != 2*600*300 {
 		t.Fatalf("10 minutes of 2 GPUs billed %d µ, want %d (the spot default, not the list price)", above, 2*600*300)
 	}
-	if below, _, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(context.Background(), "s-below"); err != nil || below != 0 {
+	if below, _, err := aggregatesOf(e.rdb, cfg.KeyPrefix).Rental(t.Context(), "s-below"); err != nil || below != 0 {
 		t.Fatalf("a rental capped below the spot default billed %d µ (%v), want nothing", below, err)
 	}
 }
@@ -750,25 +746,32 @@ func TestTheCloserTakesFinishedSegmentsOffTheDueList(t *testing.T) {
 	e.publish(t, done.events())
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
 	ref := ledger.SegmentRef{RentalID: "done", Attempt: 1}
+	// Finished, and every event handled and acknowledged: a start merged
+	// after the stop finished the segment (its batch ran late) or a
+	// redelivery would take the member below off the list before the
+	// closer looks.
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := segment(store, ref)
-		if err != nil || !st.Done {
-			return fmt.Errorf("not finished yet (%v)", err)
+		st, err := segment(t.Context(), store, ref)
+		if err != nil {
+			return err
 		}
-		return nil
+		if !st.Done {
+			return errors.New("not finished yet")
+		}
+		return e.busy(t.Context())
 	})
 	// A member left on the due list by an earlier version, which made
 	// finished segments due again on a redelivered start or stop.
-	if err := e.rdb.ZAdd(context.Background(), cfg.KeyPrefix+"due", redis.Z{Score: float64(base.Unix()), Member: "done 1"}).Err(); err != nil {
+	if err := e.rdb.ZAdd(t.Context(), cfg.KeyPrefix+"due", redis.Z{Score: float64(base.Unix()), Member: "done 1"}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := r.meter.CloseDue(context.Background()); err != nil || n != 1 {
+	if n, err := r.meter.CloseDue(t.Context()); err != nil || n != 1 {
 		t.Fatalf("closer looked at %d segments (%v), want the stale one", n, err)
 	}
-	if refs, err := store.Due(context.Background(), base.Add(time.Hour), 10_000); err != nil || len(refs) != 0 {
+	if refs, err := store.Due(t.Context(), base.Add(time.Hour), 10_000); err != nil || len(refs) != 0 {
 		t.Fatalf("due %v (%v), want nothing", refs, err)
 	}
-	if st, err := segment(store, ref); err != nil || !st.Done || !st.Cursor.Equal(base.Add(90*time.Second)) {
+	if st, err := segment(t.Context(), store, ref); err != nil || !st.Done || !st.Cursor.Equal(base.Add(90*time.Second)) {
 		t.Fatalf("segment %+v (%v), want done with its cursor at the stop", st, err)
 	}
 }
@@ -792,21 +795,27 @@ func TestAFailoverThatDidNotKnowTheAttemptEndsThePlacementOnTheLostNode(t *testi
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
 	second := ledger.SegmentRef{RentalID: "moved", Attempt: 2}
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := segment(store, second)
-		if err != nil || !st.Scheduled || st.StartedAt.IsZero() {
-			return fmt.Errorf("second placement not known yet (%v)", err)
+		st, err := segment(t.Context(), store, second)
+		if err != nil {
+			return err
+		}
+		if !st.Scheduled || st.StartedAt.IsZero() {
+			return errors.New("second placement not known yet")
 		}
 		return nil
 	})
 	e.publish(t, []event{migrating})
 	testkit.Eventually(t, 10*time.Second, func() error {
-		st, err := segment(store, second)
-		if err != nil || !st.Done {
-			return fmt.Errorf("second placement not ended (lost at %s, %v)", st.LostAt, err)
+		st, err := segment(t.Context(), store, second)
+		if err != nil {
+			return err
+		}
+		if !st.Done {
+			return fmt.Errorf("second placement not ended (lost at %s)", st.LostAt)
 		}
 		return nil
 	})
-	first, err := segment(store, ledger.SegmentRef{RentalID: "moved", Attempt: 1})
+	first, err := segment(t.Context(), store, ledger.SegmentRef{RentalID: "moved", Attempt: 1})
 	if err != nil || !first.LostAt.IsZero() {
 		t.Fatalf("first placement lost at %s (%v); the failover was about the second", first.LostAt, err)
 	}
@@ -820,7 +829,7 @@ func TestAFailoverThatDidNotKnowTheAttemptEndsThePlacementOnTheLostNode(t *testi
 			want[rec.ID] = rec.Amount.Micros
 		}
 	}
-	if _, err := r.meter.CloseDue(context.Background()); err != nil {
+	if _, err := r.meter.CloseDue(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	e.settled(t, cfg.KeyPrefix, want)

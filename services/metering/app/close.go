@@ -46,9 +46,16 @@ func (m *Meter) CloseDue(ctx context.Context) (int, error) {
 	return len(refs), errors.Join(errs...)
 }
 
-// cutoff is the latest time the meter may bill a running rental up to,
-// plus the close grace (ledger.Cutoff): its clock, held back to the
-// watermark of the rental and spot price durables it follows.
+// closeTick is the interval closer's loop body: CloseDue, logging a
+// failure unless the loop is stopping.
+func (m *Meter) closeTick(ctx context.Context, _ time.Time) {
+	if _, err := m.CloseDue(ctx); err != nil && ctx.Err() == nil {
+		m.log.WarnContext(ctx, "closing due usage failed", "err", err)
+	}
+}
+
+// cutoff is ledger.Cutoff of the clock and the watermark: running rentals
+// are billed up to it less the grace (docs/design/watermark.md).
 func (m *Meter) cutoff() time.Time {
 	return ledger.Cutoff(m.now(), m.consumed.time(), m.consumed.bounded())
 }
@@ -84,12 +91,9 @@ type closing struct {
 	advanced    []int // segment of each advance
 }
 
-// closeStates publishes every record of the segments that is closed now
-// (all in one publish batch) and then advances their cursors (one store
-// call); it returns one error per state. Two replicas closing the same
-// segment publish the same records under the same ids, which the stream
-// and the aggregates deduplicate; a cursor only moves forward and only
-// after its records are stored.
+// closeStates publishes every record of the segments closed now (one
+// publish batch), then advances their cursors (one store call), and
+// returns one error per state (docs/design/publish-then-fold.md).
 func (m *Meter) closeStates(ctx context.Context, states []ledger.SegmentState) []error {
 	c := closing{errs: make([]error, len(states)), batch: m.pub.NewBatch(),
 		advances: make([]ledger.Advance, 0, len(states)), advanced: make([]int, 0, len(states))}
@@ -161,8 +165,8 @@ func (m *Meter) plan(ctx context.Context, st ledger.SegmentState, until time.Tim
 	ref := ledger.SegmentRef{RentalID: st.RentalID, Attempt: st.Attempt}
 	seg, known := st.Segment()
 	if st.Done || (known && st.Finished()) {
-		// Finished: nothing to bill, but it may still be on the due list
-		// (a member left there before finished segments were kept off it).
+		// Finished: nothing to bill; a stale due-list member may still
+		// name it, so the advance takes it off.
 		return nil, ledger.Advance{Ref: ref, Cursor: st.Cursor, Finished: true}, true, nil
 	}
 	if !known {

@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -411,4 +412,48 @@ func TestHarnessInputThatCannotBeBilledIsRefusedAsInvalidAndTheRestOfTheBatchGoe
 		}
 	}
 	h.assertBilled(t, "good", 1, []billed{{base, 30, 2_490_000}, {base.Add(30 * time.Second), 30, 2_490_000}})
+}
+
+// racingStore runs beforeLost just before it records a loss, as a batch
+// handled at the same time as the failover report would.
+type racingStore struct {
+	*metertest.Store
+	beforeLost func()
+}
+
+func (s *racingStore) Lost(ctx context.Context, rental string, attempt int32, lastHeartbeat time.Time) error {
+	if f := s.beforeLost; f != nil {
+		s.beforeLost = nil
+		f()
+	}
+	return s.Store.Lost(ctx, rental, attempt, lastHeartbeat)
+}
+
+// A failover report that read the rental's placements before any was
+// known, and records the loss after another batch merged the placement's
+// schedule and start: the lost placement is still closed at once.
+func TestHarnessAFailoverReportRacingItsPlacementsEventsStillClosesIt(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	r := rental{id: "raced", tenant: "t0", model: "H100-SXM5-80GB", zone: "eu-1", plan: shizuv1.Plan_PLAN_ON_DEMAND, gpus: 1, milli: 1000,
+		segs: []seg{{node: "node-1", start: base, lost: base.Add(3*time.Minute + 30*time.Second)}}}
+	evs := r.events() // scheduled, started, migrating
+	store := &racingStore{Store: h.store}
+	m, err := app.NewMeter(h.cfg, app.Deps{Store: store, Publisher: h.pub, Now: func() time.Time { return h.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.meter = m
+	store.beforeLost = func() { h.rentals(t, evs[:2]) }
+	h.rentals(t, evs[2:])
+	want := expectedLedger(t, h.cfg, []rental{r})
+	got := h.usage()
+	if len(want) != 4 || len(got) != len(want) {
+		t.Fatalf("%d records published, want the lost placement's %d (4)", len(got), len(want))
+	}
+	for id, micros := range want {
+		if got[id].GetAmount().GetMicros() != micros {
+			t.Fatalf("record %s is %d µ, want %d", id, got[id].GetAmount().GetMicros(), micros)
+		}
+	}
 }

@@ -6,8 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
@@ -32,9 +30,10 @@ type Report struct {
 	CrossedMicros []int64          `json:"budget_thresholds_crossed_micros"`
 }
 
-// Command runs one of Commands with its arguments and returns the exit
-// code: 0 done, 1 failed, 2 bad arguments or configuration.
-func Command(name string, args []string, stdout, stderr io.Writer) int {
+// Command runs one of Commands with its arguments until it is done or ctx
+// ends, and returns the exit code: 0 done, 1 failed, 2 bad arguments or
+// configuration.
+func Command(ctx context.Context, name string, args []string, stdout, stderr io.Writer) int {
 	if _, ok := Commands[name]; !ok {
 		fmt.Fprintf(stderr, "metering: unknown command %q\n", name)
 		return 2
@@ -47,8 +46,6 @@ func Command(name string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "metering: invalid configuration:\n%v\n", err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	rt, err := service.Start(ctx, a.cfg.Service)
 	if err != nil {
 		fmt.Fprintf(stderr, "metering %s: %v\n", name, err)

@@ -57,14 +57,48 @@ func TestConfigurationProblemsAreAllNamed(t *testing.T) {
 // A SHIZU_METERING_* value that does not parse is named, not replaced by
 // the default in silence.
 func TestEnvironmentValuesThatDoNotParseAreNamed(t *testing.T) {
-	t.Setenv("SHIZU_METERING_INTERVAL", "60")
-	t.Setenv("SHIZU_METERING_CONCURRENCY", "four")
+	cases := []struct{ name, key, value, want string }{
+		{"an interval without a unit", "SHIZU_METERING_INTERVAL", "60", `SHIZU_METERING_INTERVAL: "60" is not a duration (e.g. 1m)`},
+		{"a minimum charge in words", "SHIZU_METERING_MINIMUM_CHARGE", "a minute", `SHIZU_METERING_MINIMUM_CHARGE: "a minute" is not a duration (e.g. 1m)`},
+		{"a concurrency in words", "SHIZU_METERING_CONCURRENCY", "four", `SHIZU_METERING_CONCURRENCY: "four" is not a whole number`},
+		{"a close grace without a unit", "SHIZU_METERING_CLOSE_GRACE", "30", `SHIZU_METERING_CLOSE_GRACE: "30" is not a duration`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(tc.key, tc.value)
+			cfg := app.DefaultConfig()
+			cfg.RegisterFlags(flag.NewFlagSet("metering", flag.ContinueOnError))
+			if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate() = %v; want it to say %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// Every documented SHIZU_METERING_* variable still sets its setting, and a
+// flag on the command line wins over it.
+func TestEnvironmentVariablesSetTheirSettings(t *testing.T) {
+	dir := t.TempDir()
+	accounts := filepath.Join(dir, "accounts.json")
+	if err := os.WriteFile(accounts, []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SHIZU_METERING_CATALOGUE", "../pricing/catalogue.json")
+	t.Setenv("SHIZU_METERING_ACCOUNTS", accounts)
+	t.Setenv("SHIZU_METERING_INTERVAL", "2m")
+	t.Setenv("SHIZU_METERING_MINIMUM_CHARGE", "30s")
+	t.Setenv("SHIZU_METERING_CONCURRENCY", "7")
 	cfg := app.DefaultConfig()
-	cfg.RegisterFlags(flag.NewFlagSet("metering", flag.ContinueOnError))
-	err := cfg.Validate()
-	for _, want := range []string{`SHIZU_METERING_INTERVAL: "60" is not a duration`, `SHIZU_METERING_CONCURRENCY: "four" is not a whole number`} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Validate() = %v; want it to say %q", err, want)
-		}
+	fs := flag.NewFlagSet("metering", flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	if err := fs.Parse([]string{"-concurrency", "3"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.CataloguePath != "../pricing/catalogue.json" || cfg.AccountsPath != accounts || cfg.Rules.Interval != 2*time.Minute ||
+		cfg.Rules.MinimumCharge != 30*time.Second || cfg.Concurrency != 3 {
+		t.Fatalf("config %+v; want the variables' values and -concurrency 3", cfg)
 	}
 }

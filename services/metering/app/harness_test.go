@@ -7,14 +7,12 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/proto"
@@ -36,65 +34,31 @@ import (
 // so only stopped rentals are closed unless a test moves the clock.
 var base = time.Date(2026, 11, 2, 9, 0, 0, 0, time.UTC)
 
+// env is one test's platform (testkit.Platform): the test publishes and
+// reads the streams as admin (pub) and reads Redis directly (rdb).
 type env struct {
-	nats  *testkit.NATS
-	rdb   *redis.Client
-	pub   *bus.Conn
-	users bool
-	// redisURL reaches the test's redis-server.
-	redisURL string
+	*testkit.Deployment
+	rdb *redis.Client
+	pub *bus.Conn
 	// metrics, when set, receives the replicas' instruments.
 	metrics metric.MeterProvider
 }
 
-func newEnv(t testing.TB) *env { return newEnvWith(t) }
-
-func password(name string) string { return name + "-secret" }
+// newEnv runs NATS without users: every connection may use every subject
+// (for tests of metering's logic, not of its permissions).
+func newEnv(t testing.TB) *env { return envOn(t, testkit.Platform(t, testkit.WithoutUsers())) }
 
 // newEnvWithUsers runs NATS with the topology's users: the test publishes
 // as admin and the meters connect as the metering user, with exactly the
 // permissions deploy/nats/users.conf grants.
-func newEnvWithUsers(t testing.TB) *env {
-	e := newEnvWith(t, testkit.WithUsers(topology.Users(), password))
-	e.users = true
-	return e
+func newEnvWithUsers(t testing.TB) *env { return envOn(t, testkit.Platform(t)) }
+
+func envOn(t testing.TB, d *testkit.Deployment) *env {
+	return &env{Deployment: d, rdb: d.Redis.Client(t), pub: d.Admin}
 }
 
-func newEnvWith(t testing.TB, opts ...func(*server.Options)) *env {
-	t.Helper()
-	n := testkit.StartNATS(t, opts...)
-	r := testkit.StartRedis(t)
-	e := &env{nats: n, rdb: r.Client(t), redisURL: "redis://" + r.Addr + "/0"}
-	e.pub = connectAs(t, n.URL, "admin", len(opts) > 0)
-	e.users = len(opts) > 0
-	if err := e.pub.EnsureStreams(context.Background(), topology.Streams(1)...); err != nil {
-		t.Fatalf("ensure streams: %v", err)
-	}
-	return e
-}
-
-func quietLog() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-}
-
-func connect(t testing.TB, url, name string) *bus.Conn { return connectAs(t, url, name, false) }
-
-func connectAs(t testing.TB, url, name string, auth bool) *bus.Conn {
-	t.Helper()
-	cfg := bus.Config{URL: url, Name: name}
-	if auth {
-		cfg.User, cfg.Password = name, password(name)
-	}
-	c, err := bus.Connect(context.Background(), cfg, bus.Instruments{Logger: quietLog()})
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = c.Close(ctx)
-	})
-	return c
+func quietLog(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
 }
 
 // consumers are metering's declared consumers with a short ack wait, so a
@@ -131,22 +95,22 @@ func (e *env) startMeter(t testing.TB, cfg app.Config, now func() time.Time) *re
 // startMeterTicking also runs the interval closer every tick.
 func (e *env) startMeterTicking(t testing.TB, cfg app.Config, now func() time.Time, tick time.Duration) *replica {
 	t.Helper()
-	conn := connectAs(t, e.nats.URL, topology.Metering, e.users)
-	m, err := app.NewMeter(cfg, app.Deps{Store: redisstore.New(e.rdb, cfg.KeyPrefix), Conn: conn, Log: quietLog(), Now: now, Meter: e.metrics})
+	conn := e.Connect(t, topology.Metering)
+	m, err := app.NewMeter(cfg, app.Deps{Store: redisstore.New(e.rdb, cfg.KeyPrefix), Conn: conn, Log: quietLog(t), Now: now, Meter: e.metrics})
 	if err != nil {
 		t.Fatalf("new meter: %v", err)
 	}
-	parts, err := m.Start(context.Background(), consumers(), tick)
+	parts, err := m.Start(context.WithoutCancel(t.Context()), consumers(), tick)
 	if err != nil {
 		t.Fatalf("start meter: %v", err)
 	}
 	r := &replica{meter: m, conn: conn, parts: parts}
-	t.Cleanup(func() { r.stop() })
+	t.Cleanup(func() { r.stop(context.WithoutCancel(t.Context())) })
 	return r
 }
 
-func (r *replica) stop() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+func (r *replica) stop(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	for i := len(r.parts) - 1; i >= 0; i-- {
 		_ = r.parts[i].Stop(ctx)
@@ -335,7 +299,7 @@ func expectedLedger(t testing.TB, cfg app.Config, rentals []rental) map[string]i
 func (e *env) publish(t testing.TB, evs []event) {
 	t.Helper()
 	for _, ev := range evs {
-		if _, err := e.pub.Publish(context.Background(), ev.subject, ev.msg); err != nil {
+		if _, err := e.pub.Publish(t.Context(), ev.subject, ev.msg); err != nil {
 			t.Fatalf("publish %s: %v", ev.subject, err)
 		}
 	}
@@ -345,7 +309,7 @@ func (e *env) publish(t testing.TB, evs []event) {
 // and the number of messages.
 func (e *env) billed(t testing.TB) (map[string]int64, int) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	js := e.pub.JetStream()
 	s, err := js.Stream(ctx, topology.StreamBilling)
 	if err != nil {
@@ -396,22 +360,12 @@ func (e *env) settled(t testing.TB, prefix string, want map[string]int64) {
 		if len(got) != len(want) || total(got) != total(want) {
 			return fmt.Errorf("stream holds %d records / %d µ, want %d / %d", len(got), total(got), len(want), total(want))
 		}
-		for _, c := range consumers() {
-			cons, err := e.pub.JetStream().Consumer(context.Background(), c.Stream, c.Durable)
-			if err != nil {
-				return err
-			}
-			info, err := cons.Info(context.Background())
-			if err != nil {
-				return err
-			}
-			if info.NumPending > 0 || info.NumAckPending > 0 {
-				return fmt.Errorf("%s: %d pending, %d unacknowledged", c.Durable, info.NumPending, info.NumAckPending)
-			}
+		if err := e.busy(t.Context()); err != nil {
+			return err
 		}
 		var agg int64
 		for _, tenant := range []string{"t0", "t1", "t2"} {
-			v, err := store.TenantTotal(context.Background(), tenant, "USD")
+			v, err := store.TenantTotal(t.Context(), tenant, "USD")
 			if err != nil {
 				return err
 			}
@@ -428,6 +382,30 @@ func (e *env) settled(t testing.TB, prefix string, want map[string]int64) {
 			t.Fatalf("record %s billed %d µ, want %d", id, got[id], amount)
 		}
 	}
+}
+
+func (e *env) consumerInfo(ctx context.Context, stream, durable string) (*jetstream.ConsumerInfo, error) {
+	cons, err := e.pub.JetStream().Consumer(ctx, stream, durable)
+	if err != nil {
+		return nil, err
+	}
+	return cons.Info(ctx)
+}
+
+// busy says which of metering's consumers still has messages to deliver
+// or deliveries unacknowledged (nil when none has): until then a handler
+// may still merge an event or a redelivery into its segment.
+func (e *env) busy(ctx context.Context) error {
+	for _, c := range consumers() {
+		info, err := e.consumerInfo(ctx, c.Stream, c.Durable)
+		if err != nil {
+			return err
+		}
+		if info.NumPending > 0 || info.NumAckPending > 0 {
+			return fmt.Errorf("%s: %d pending, %d unacknowledged", c.Durable, info.NumPending, info.NumAckPending)
+		}
+	}
+	return nil
 }
 
 // aggregates reads redisstore's aggregate hashes (their key layout is
@@ -503,8 +481,8 @@ func (a aggregates) TenantTotal(ctx context.Context, tenant, currency string) (i
 }
 
 // segment loads what the store knows of a placement.
-func segment(store *redisstore.Store, ref ledger.SegmentRef) (ledger.SegmentState, error) {
-	states, err := store.MergeSegments(context.Background(), []ledger.SegmentEvent{{Ref: ref}})
+func segment(ctx context.Context, store *redisstore.Store, ref ledger.SegmentRef) (ledger.SegmentState, error) {
+	states, err := store.MergeSegments(ctx, []ledger.SegmentEvent{{Ref: ref}})
 	if err != nil {
 		return ledger.SegmentState{}, err
 	}
@@ -519,5 +497,3 @@ func sortedIDs(m map[string]int64) []string {
 	sort.Strings(out)
 	return out
 }
-
-var _ = jetstream.ErrMsgNotFound

@@ -122,7 +122,8 @@ func (m *Meter) Start(ctx context.Context, consumers []bus.Consumer, tick time.D
 		parts = append(parts, service.Subscription{Subscription: sub})
 	}
 	if tick > 0 {
-		parts = append(parts, m.startCloser(ctx, tick))
+		// Stopped in its turn by the caller, not when ctx ends.
+		parts = append(parts, service.StartLoop(context.WithoutCancel(ctx), tick, m.closeTick))
 	}
 	return parts, nil
 }

@@ -11,7 +11,6 @@ import (
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
-	"github.com/shizu-gpu/shizu/services/metering/pricing"
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/subject"
@@ -135,10 +134,4 @@ func CloseInvoice(ctx context.Context, cfg Config, conn *bus.Conn, store *rediss
 		return ledger.Invoice{}, fmt.Errorf("publish invoice: %w", err)
 	}
 	return inv, nil
-}
-
-// Catalogue returns the configured price catalogue.
-func (c Config) Catalogue() (*pricing.Catalogue, error) {
-	cat, _, err := c.load()
-	return cat, err
 }

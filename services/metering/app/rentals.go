@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -191,6 +192,12 @@ func (m *Meter) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating) er
 	}
 	if err := m.store.Lost(ctx, ev.GetRentalId(), attempt, last); err != nil {
 		return err
+	}
+	// The lost placement may have become known since its attempts were
+	// read (its events merged meanwhile): close it too, or nothing would
+	// before the closer's next look.
+	if !slices.Contains(attempts, attempt) {
+		refs = append(refs, ledger.SegmentRef{RentalID: ev.GetRentalId(), Attempt: attempt})
 	}
 	return errors.Join(m.closeSegments(ctx, refs)...)
 }

@@ -12,13 +12,9 @@ import (
 	"github.com/shizu-gpu/shizu/shared/bus"
 )
 
-// consumedTime reads how far a durable consumer has got through its stream:
-// the stream time (the NATS server's clock when it stored a message) before
-// which the durable has acknowledged every message it filters. Replicas
-// share the durable, so they read the same time.
-//
-// An acknowledgement is sent only after the delivery's effect is in Redis,
-// so every event stored before that time is merged into its segment.
+// consumedTime reads how far a durable has got through its stream: the
+// server time before which it has acknowledged, so merged, every message
+// it filters (docs/design/watermark.md).
 type consumedTime struct {
 	js              jetstream.JetStream
 	stream, durable string
@@ -32,16 +28,9 @@ func newConsumedTime(js jetstream.JetStream, c bus.Consumer) *consumedTime {
 	return &consumedTime{js: js, stream: c.Stream, durable: c.Durable}
 }
 
-// lookup asks the server for the consumer info and then, for each of the
-// durable's filter subjects, for the first message stored after its ack
-// floor (the oldest that may still be unhandled; a deleted, purged or
-// aged-out one is skipped, it can no longer be handled). The consumed time
-// is the earliest of those messages' times and the info's time.
-//
-// The messages are looked up even when the info says nothing is pending:
-// the server counts a newly stored message as pending a moment after it
-// stores it, so an idle-looking durable may have one to handle. A message
-// stored after its lookup was stored after the info's time.
+// lookup is the earliest of the consumer info's time and, per filter
+// subject, the stored time of the first message after the ack floor,
+// looked up even when nothing is pending (docs/design/watermark.md).
 func (c *consumedTime) lookup(ctx context.Context) (time.Time, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -90,12 +79,8 @@ func (c *consumedTime) lookup(ctx context.Context) (time.Time, error) {
 	return at, nil
 }
 
-// watermark is the stream time before which every event that can end or
-// reprice a running rental has been handled: the earliest consumed time of
-// the meter's rental and spot price durables. The closer bills running
-// rentals no later than it (less the close grace). It only ever moves
-// forward: an acknowledged message stays acknowledged, so a time read
-// earlier stays true.
+// watermark is the earliest consumed time of the meter's rental and spot
+// price durables; it only moves forward (docs/design/watermark.md).
 type watermark struct {
 	of []*consumedTime
 

@@ -1,13 +1,11 @@
 package app_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -66,7 +64,7 @@ func TestTheCloserNeverBillsPastAStopStillInTheBacklog(t *testing.T) {
 	late := func() time.Time { return time.Now().Add(2 * time.Hour) }
 	a := e.startMeterTicking(t, cfg, late, 10*time.Millisecond)
 	testkit.Eventually(t, 20*time.Second, func() error { // mid-backlog: some handled, the stops not all
-		info, err := e.consumerInfo(topology.StreamRentals, "metering")
+		info, err := e.consumerInfo(t.Context(), topology.StreamRentals, "metering")
 		if err != nil {
 			return err
 		}
@@ -82,7 +80,7 @@ func TestTheCloserNeverBillsPastAStopStillInTheBacklog(t *testing.T) {
 	// Everything is handled: the closer may now bill up to its clock, and
 	// finds nothing more to bill.
 	for range 3 {
-		if _, err := b.meter.CloseDue(context.Background()); err != nil {
+		if _, err := b.meter.CloseDue(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -111,7 +109,7 @@ func TestARentalStillRunningIsBilledOnceTheBacklogIsHandled(t *testing.T) {
 	e.publish(t, running.events())
 	r := e.startMeter(t, cfg, time.Now)
 	testkit.Eventually(t, 20*time.Second, func() error {
-		info, err := e.consumerInfo(topology.StreamRentals, "metering")
+		info, err := e.consumerInfo(t.Context(), topology.StreamRentals, "metering")
 		if err != nil {
 			return err
 		}
@@ -120,7 +118,7 @@ func TestARentalStillRunningIsBilledOnceTheBacklogIsHandled(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := r.meter.CloseDue(context.Background()); err != nil {
+	if _, err := r.meter.CloseDue(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	// At least four: the intervals that ended more than the grace (30 s)
@@ -128,14 +126,6 @@ func TestARentalStillRunningIsBilledOnceTheBacklogIsHandled(t *testing.T) {
 	if got, _ := e.billed(t); len(got) < 4 {
 		t.Fatalf("%d records of the running rental, want at least 4", len(got))
 	}
-}
-
-func (e *env) consumerInfo(stream, durable string) (*jetstream.ConsumerInfo, error) {
-	cons, err := e.pub.JetStream().Consumer(context.Background(), stream, durable)
-	if err != nil {
-		return nil, err
-	}
-	return cons.Info(context.Background())
 }
 
 // The watermark's lag is exported, so operators see a metering backlog:
@@ -153,7 +143,7 @@ func TestTheWatermarkLagIsExported(t *testing.T) {
 	ahead := 2 * time.Hour
 	r := e.startMeter(t, cfg, func() time.Time { return time.Now().Add(ahead) })
 	testkit.Eventually(t, 20*time.Second, func() error {
-		info, err := e.consumerInfo(topology.StreamRentals, "metering")
+		info, err := e.consumerInfo(t.Context(), topology.StreamRentals, "metering")
 		if err != nil {
 			return err
 		}
@@ -162,11 +152,11 @@ func TestTheWatermarkLagIsExported(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := r.meter.CloseDue(context.Background()); err != nil {
+	if _, err := r.meter.CloseDue(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
+	if err := reader.Collect(t.Context(), &rm); err != nil {
 		t.Fatal(err)
 	}
 	for _, sm := range rm.ScopeMetrics {

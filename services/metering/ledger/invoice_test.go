@@ -13,9 +13,10 @@ import (
 
 func catalogue(t testing.TB) *pricing.Catalogue {
 	t.Helper()
-	c, err := pricing.New("USD", map[pricing.Term]int64{pricing.TermMonth: 60, pricing.TermYear: 70},
-		pricing.InstanceType{Model: "H100-SXM5-80GB", VRAMMiB: 81920, PricePerGPUHourMicros: 2_500_000},
-		pricing.InstanceType{Model: "A100-SXM4-80GB", VRAMMiB: 81920, PricePerGPUHourMicros: 1_600_000})
+	c, err := pricing.Parse([]byte(`{"currency": "USD", "reserved_discount_percent": {"month": 60, "year": 70},
+		"instance_types": [
+			{"model": "H100-SXM5-80GB", "vram_mib": 81920, "price_per_gpu_hour_micros": 2500000},
+			{"model": "A100-SXM4-80GB", "vram_mib": 81920, "price_per_gpu_hour_micros": 1600000}]}`))
 	if err != nil {
 		t.Fatalf("catalogue: %v", err)
 	}

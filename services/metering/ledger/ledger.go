@@ -155,9 +155,6 @@ type Record struct {
 	Labels    map[string]string
 }
 
-// MilliGPUSeconds is the record's quantity: gpu_count × milli_gpu × seconds.
-func (r Record) MilliGPUSeconds() int64 { return int64(r.GPUCount) * int64(r.MilliGPU) * r.Seconds }
-
 // RecordID is the deterministic id of the record starting at start.
 func RecordID(rentalID string, start time.Time) string {
 	return "usage:" + rentalID + ":" + start.UTC().Format(time.RFC3339Nano)

@@ -115,15 +115,6 @@ func Parse(data []byte) (*Catalogue, error) {
 	return &c, nil
 }
 
-// New validates a catalogue built in code.
-func New(currency string, discounts map[Term]int64, types ...InstanceType) (*Catalogue, error) {
-	c := &Catalogue{Currency: currency, ReservedDiscountPercent: discounts, InstanceTypes: types}
-	if err := c.init(); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
 func (c *Catalogue) init() error {
 	var errs []error
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -38,14 +39,8 @@ type Applied struct {
 }
 
 // SeenRetention is how long a day's set of applied record ids is kept
-// after the last record of that day was applied. A record id applied
-// again later than that is counted again, so it is far beyond any
-// redelivery (ack wait, MaxDeliver) or backlog metering is expected to
-// meet; a rebuild starts from empty sets in a fresh generation, so it
-// deduplicates the whole stream whatever the age of its records. Eight
-// days: a usage record is delivered again within minutes (ack wait,
-// MaxDeliver) unless metering is down longer than that, and each day kept
-// costs ~154 KB a running rental (docs/metering.md, Known limits).
+// after its last write; a record applied again later is counted again
+// (docs/design/publish-then-fold.md, docs/metering.md Known limits).
 const SeenRetention = 8 * 24 * time.Hour
 
 // applyScript folds usage records into the aggregates, each once per
@@ -175,7 +170,7 @@ func appliedReplies(rs []*shizuv1.UsageRecorded, reply any) ([]Applied, error) {
 // Generation returns the current aggregate generation.
 func (s *Store) Generation(ctx context.Context) (string, error) {
 	g, err := s.rdb.Get(ctx, s.prefix+"agg:gen").Result()
-	if err == redis.Nil {
+	if errors.Is(err, redis.Nil) {
 		return "0", nil
 	}
 	return g, err

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 
@@ -58,7 +59,7 @@ func (s *Store) TenantTotal(ctx context.Context, tenant, currency string) (int64
 		return 0, err
 	}
 	v, err := s.rdb.HGet(ctx, s.prefix+"agg:"+gen+":tenant:"+tenant, currency).Int64()
-	if err == redis.Nil {
+	if errors.Is(err, redis.Nil) {
 		return 0, nil
 	}
 	return v, err

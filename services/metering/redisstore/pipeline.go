@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 
@@ -113,7 +114,7 @@ func (p *pipeliner) exec(batch []*call) {
 			// Redis lost its script cache (a restart): load and run it.
 			c.res, c.err = c.script.Run(context.WithoutCancel(c.ctx), p.rdb, c.keys, c.args...).Result()
 		}
-		if c.err == redis.Nil {
+		if errors.Is(c.err, redis.Nil) {
 			c.res, c.err = nil, nil
 		}
 		close(c.done)

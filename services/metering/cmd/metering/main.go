@@ -12,6 +12,8 @@ package main
 import (
 	"context"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/shizu-gpu/shizu/services/metering/app"
 	"github.com/shizu-gpu/shizu/shared/service"
@@ -20,7 +22,7 @@ import (
 func main() {
 	if len(os.Args) > 1 {
 		if _, ok := app.Commands[os.Args[1]]; ok {
-			os.Exit(app.Command(os.Args[1], os.Args[2:], os.Stdout, os.Stderr))
+			os.Exit(command(os.Args[1], os.Args[2:]))
 		}
 	}
 	cfg := app.DefaultConfig()
@@ -30,4 +32,11 @@ func main() {
 		Validate: func() error { return cfg.Validate() },
 		Run:      func(ctx context.Context) error { return app.Run(ctx, cfg) },
 	}))
+}
+
+// command runs a one-shot command until it is done or interrupted.
+func command(name string, args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return app.Command(ctx, name, args, os.Stdout, os.Stderr)
 }
