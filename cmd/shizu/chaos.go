@@ -70,27 +70,9 @@ var chaosVerb = verb{
 		in := fs.Duration("in", 30*time.Second, "interrupt: time until the node is reclaimed")
 		forDur := fs.Duration("for", 30*time.Second, "partition: how long the node stays cut off")
 		return func(ctx context.Context, args []string, stdout io.Writer) error {
-			if len(args) == 0 {
-				return usagef("want an action: list, kill, restart, partition, xid, ecc, offbus or interrupt")
-			}
-			action := args[0]
-			req := chaosRequest{Action: action, GPU: *gpu, XID: *xid, In: *in, For: *forDur}
-			node := "all"
-			switch action {
-			case "list":
-				if len(args) != 1 {
-					return usagef("list takes no node")
-				}
-			case "kill", "restart", "partition", "xid", "ecc", "offbus", "interrupt":
-				if len(args) != 2 {
-					return usagef("%s needs one node id (see shizu chaos list)", action)
-				}
-				node = args[1]
-				if err := subject.Token(node); err != nil {
-					return usagef("node id: %w", err)
-				}
-			default:
-				return usagef("unknown action %q: want list, kill, restart, partition, xid, ecc, offbus or interrupt", action)
+			node, err := chaosTarget(args)
+			if err != nil {
+				return err
 			}
 			if *gpu < 0 || *xid <= 0 {
 				return usagef("-gpu %d and -xid %d must be non-negative and positive", *gpu, *xid)
@@ -98,47 +80,88 @@ var chaosVerb = verb{
 			if *forDur < time.Second || *forDur > time.Hour {
 				return usagef("-for %s: a partition lasts from 1s to 1h", *forDur)
 			}
-			conn, _, err := cf.connect(ctx)
+			req := chaosRequest{Action: args[0], GPU: *gpu, XID: *xid, In: *in, For: *forDur}
+			reply, err := sendChaos(ctx, &cf, node, req)
 			if err != nil {
 				return err
-			}
-			defer conn.Close(context.WithoutCancel(ctx))
-			data, _ := json.Marshal(req)
-			rctx, cancel := context.WithTimeout(ctx, cf.timeout+30*time.Second) // a kill waits for the agent to stop
-			defer cancel()
-			msg, err := conn.NATS().RequestWithContext(rctx, fmt.Sprintf(chaosSubject, node), data)
-			if err != nil {
-				if errors.Is(err, nats.ErrNoResponders) {
-					return errors.New("no `shizu dev` answers chaos requests on this server: chaos works only on shizu dev's simulated fleet")
-				}
-				return fmt.Errorf("chaos request: %w", err)
-			}
-			var reply chaosReply
-			if err := json.Unmarshal(msg.Data, &reply); err != nil {
-				return fmt.Errorf("chaos reply: %w", err)
-			}
-			if !reply.OK {
-				return errors.New(reply.Error)
 			}
 			if cf.output == "json" {
 				return printJSON(stdout, reply)
 			}
-			if action == "list" {
-				tw := table(stdout)
-				fmt.Fprintln(tw, "NODE\tPROFILE\tMARKET\tAGENT")
-				for _, n := range reply.Nodes {
-					state := "running"
-					if !n.Running {
-						state = "stopped"
-					} else if n.Partitioned {
-						state = "running, partitioned"
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n.ID, n.Profile, n.Market, state)
-				}
-				return tw.Flush()
+			if req.Action == "list" {
+				return printChaosNodes(stdout, reply.Nodes)
 			}
 			fmt.Fprintln(stdout, reply.Message)
 			return nil
 		}
 	},
+}
+
+// chaosTarget checks a chaos command line (action, then a node id unless
+// the action is list) and returns the node the request is for: "all" for
+// list.
+func chaosTarget(args []string) (string, error) {
+	if len(args) == 0 {
+		return "", usagef("want an action: list, kill, restart, partition, xid, ecc, offbus or interrupt")
+	}
+	switch action := args[0]; action {
+	case "list":
+		if len(args) != 1 {
+			return "", usagef("list takes no node")
+		}
+		return "all", nil
+	case "kill", "restart", "partition", "xid", "ecc", "offbus", "interrupt":
+		if len(args) != 2 {
+			return "", usagef("%s needs one node id (see shizu chaos list)", action)
+		}
+		if err := subject.Token(args[1]); err != nil {
+			return "", usagef("node id: %w", err)
+		}
+		return args[1], nil
+	default:
+		return "", usagef("unknown action %q: want list, kill, restart, partition, xid, ecc, offbus or interrupt", action)
+	}
+}
+
+// sendChaos asks the running `shizu dev` to perform req on node.
+func sendChaos(ctx context.Context, cf *clientFlags, node string, req chaosRequest) (chaosReply, error) {
+	conn, _, err := cf.connect(ctx)
+	if err != nil {
+		return chaosReply{}, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	data, _ := json.Marshal(req)
+	rctx, cancel := context.WithTimeout(ctx, cf.timeout+30*time.Second) // a kill waits for the agent to stop
+	defer cancel()
+	msg, err := conn.NATS().RequestWithContext(rctx, fmt.Sprintf(chaosSubject, node), data)
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return chaosReply{}, errors.New("no `shizu dev` answers chaos requests on this server: chaos works only on shizu dev's simulated fleet")
+		}
+		return chaosReply{}, fmt.Errorf("chaos request: %w", err)
+	}
+	var reply chaosReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return chaosReply{}, fmt.Errorf("chaos reply: %w", err)
+	}
+	if !reply.OK {
+		return chaosReply{}, errors.New(reply.Error)
+	}
+	return reply, nil
+}
+
+// printChaosNodes prints the simulated nodes and whether each agent runs.
+func printChaosNodes(w io.Writer, nodes []chaosNode) error {
+	tw := table(w)
+	fmt.Fprintln(tw, "NODE\tPROFILE\tMARKET\tAGENT")
+	for _, n := range nodes {
+		state := "running"
+		if !n.Running {
+			state = "stopped"
+		} else if n.Partitioned {
+			state = "running, partitioned"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n.ID, n.Profile, n.Market, state)
+	}
+	return tw.Flush()
 }

@@ -11,14 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	// TODO(issue-13): the node agent's Config names a simulated host by
-	// profile (Simulate) but exports neither the profile names (for -fleet
-	// and its help) nor a way to reach the simulated host Run builds, to
-	// inject chaos faults (Xid, ECC, off the bus, spot notice); fleet.go
-	// builds the simgpu.Fleet itself and passes it in Config.Fleet. It
-	// needs e.g. nodeagent.SimulatedProfiles() and a Config hook that hands
-	// back the simulated host (or a fault-injection interface on it).
-	"github.com/shizu-gpu/shizu/services/node-agent/gpu/simgpu"
+	nodeagent "github.com/shizu-gpu/shizu/services/node-agent/app"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
@@ -64,7 +57,7 @@ Flags:
 	fs.IntVar(&o.redisPort, "redis-port", 6379, "port for the redis-server child; a free one is used when taken")
 	fs.StringVar(&o.policy, "autoscaler-policy", "", "autoscaler pools and fleet policy file (JSON); see docs/autoscaler.md")
 	fs.StringVar(&o.logLevel, "log-level", "info", "service log level: debug, info, warn, error")
-	fs.StringVar(&o.fleet, "fleet", defaultFleet, "simulated GPU hosts: profile[:count[:spot]],... with profiles "+strings.Join(simgpu.Profiles(), ", "))
+	fs.StringVar(&o.fleet, "fleet", defaultFleet, "simulated GPU hosts: profile[:count[:spot]],... with profiles "+strings.Join(nodeagent.SimulatedProfiles(), ", "))
 	fs.DurationVar(&o.interval, "meter-interval", time.Minute, "metering: usage records of running rentals close at multiples of this")
 	fs.DurationVar(&o.minCharge, "minimum-charge", time.Minute, "metering: least an on-demand rental the tenant ends is billed")
 	if err := fs.Parse(args); err != nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -19,14 +18,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	nodeagent "github.com/shizu-gpu/shizu/services/node-agent/app"
-	// TODO(issue-13): the node agent's Config lacks a way to hand back the
-	// simulated host Run builds from Simulate, so the fleet builds each
-	// node's simgpu.Fleet itself (seeded as the agent would), passes it in
-	// Config.Fleet and injects chaos faults into it (RaiseXID, InjectECC,
-	// FallOffBus, NoticeInterruption); profile names and lookups for
-	// -fleet come from simgpu too. Needed: nodeagent.SimulatedProfiles()
-	// (names, lookup) and e.g. Config.OnSimulatedHost func(nodeagent.FaultInjector).
-	"github.com/shizu-gpu/shizu/services/node-agent/gpu/simgpu"
 	"github.com/shizu-gpu/shizu/shared/subject"
 )
 
@@ -58,8 +49,8 @@ func parseFleet(spec string) ([]fleetNode, error) {
 			return nil, fmt.Errorf("fleet %q: want profile[:count[:market]], e.g. h100x8:2 or rtx4090x8:1:spot", part)
 		}
 		profile := fields[0]
-		if _, err := simgpu.Lookup(profile); err != nil {
-			return nil, fmt.Errorf("fleet %q: unknown profile %q; profiles: %s", part, profile, strings.Join(simgpu.Profiles(), ", "))
+		if !slices.Contains(nodeagent.SimulatedProfiles(), profile) {
+			return nil, fmt.Errorf("fleet %q: unknown profile %q; profiles: %s", part, profile, strings.Join(nodeagent.SimulatedProfiles(), ", "))
 		}
 		count := 1
 		if len(fields) > 1 {
@@ -105,7 +96,7 @@ type fleetRunner struct {
 type runningAgent struct {
 	node   fleetNode
 	cfg    nodeagent.Config
-	fleet  *simgpu.Fleet
+	host   *nodeagent.SimulatedHost // its GPUs, while the agent runs: chaos breaks them
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error
@@ -157,14 +148,6 @@ func (r *fleetRunner) ids() []string {
 	return slices.Clone(r.order)
 }
 
-// simulatedFleet builds a node's simulated GPUs, seeded by its node id as
-// the node agent itself does, so a restarted node shows the same GPUs.
-func simulatedFleet(n fleetNode) (*simgpu.Fleet, error) {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(n.ID))
-	return simgpu.New(n.Profile, h.Sum64())
-}
-
 // start starts a node's agent (with fresh, healthy GPUs) unless it runs.
 func (r *fleetRunner) start(ctx context.Context, id string) error {
 	r.mu.Lock()
@@ -176,12 +159,13 @@ func (r *fleetRunner) start(ctx context.Context, id string) error {
 	if a.cancel != nil {
 		return fmt.Errorf("node %s is already running", id)
 	}
-	f, err := simulatedFleet(a.node)
+	// Seeded by the node id, a restarted node shows the same GPUs.
+	host, err := nodeagent.NewSimulatedHost(a.node.Profile, a.node.ID)
 	if err != nil {
 		return err
 	}
 	cfg := a.cfg
-	cfg.Fleet = f
+	cfg.Simulated = host
 	// The agent reaches NATS and Redis through the node's links, so that
 	// chaos can cut it off the network without stopping it.
 	if a.links == nil {
@@ -193,7 +177,7 @@ func (r *fleetRunner) start(ctx context.Context, id string) error {
 	}
 	cfg.Service.NATS.URL, cfg.Service.RedisURL = a.natsURL, a.redisURL
 	actx, cancel := context.WithCancel(ctx)
-	a.fleet, a.cancel, a.done, a.err = f, cancel, make(chan struct{}), nil
+	a.host, a.cancel, a.done, a.err = host, cancel, make(chan struct{}), nil
 	done := a.done
 	go func() {
 		defer close(done)
@@ -205,7 +189,7 @@ func (r *fleetRunner) start(ctx context.Context, id string) error {
 			a.err = err
 		}
 		if a.done == done { // ended by itself: it may be started again
-			a.cancel, a.fleet = nil, nil
+			a.cancel, a.host = nil, nil
 			cancel()
 		}
 	}()
@@ -226,7 +210,7 @@ func (r *fleetRunner) stop(id string) error {
 		return fmt.Errorf("node %s is not running", id)
 	}
 	cancel, done := a.cancel, a.done
-	a.cancel, a.fleet = nil, nil
+	a.cancel, a.host = nil, nil
 	r.mu.Unlock()
 	cancel()
 	<-done
@@ -333,9 +317,9 @@ func (r *fleetRunner) apply(ctx context.Context, node string, req chaosRequest) 
 	}
 	r.mu.Lock()
 	a := r.agents[node]
-	var f *simgpu.Fleet
+	var f *nodeagent.SimulatedHost
 	if a != nil {
-		f = a.fleet
+		f = a.host
 	}
 	r.mu.Unlock()
 	if a == nil {

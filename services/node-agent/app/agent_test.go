@@ -45,9 +45,9 @@ func TestAgentRegistersItsGPUsBeatsReportsTelemetryAndItsKeyExpiresWhenItStops(t
 		t.Fatalf("store has %+v", st.Node)
 	}
 	testkit.Eventually(t, 10*time.Second, func() error {
-		alive, payload, err := e.hb.Alive(t.Context(), "n1")
+		alive, payload, err := e.Heartbeats.Alive(t.Context(), "n1")
 		if err != nil || !alive || string(payload) != "1" {
-			return fmt.Errorf("alive=%v payload=%q err=%v", alive, payload, err)
+			return fmt.Errorf("alive=%v payload=%q err=%w", alive, payload, err)
 		}
 		return nil
 	})
@@ -63,9 +63,9 @@ func TestAgentRegistersItsGPUsBeatsReportsTelemetryAndItsKeyExpiresWhenItStops(t
 
 	a.stop(t)
 	testkit.Eventually(t, 10*time.Second, func() error {
-		alive, _, err := e.hb.Alive(t.Context(), "n1")
+		alive, _, err := e.Heartbeats.Alive(t.Context(), "n1")
 		if err != nil || alive {
-			return fmt.Errorf("still alive after the agent stopped (err %v)", err)
+			return fmt.Errorf("still alive after the agent stopped (err %w)", err)
 		}
 		return nil
 	})
@@ -133,7 +133,7 @@ func TestAStartRunsARealProcessOnItsGPUAndAStopEndsItWithExactTimestamps(t *test
 	// Once the stop is reported the workload's record goes (its log stays).
 	testkit.Eventually(t, 10*time.Second, func() error {
 		if _, err := os.Stat(filepath.Join(dir, "rentals", "r-frac.json")); !os.IsNotExist(err) {
-			return fmt.Errorf("the workload record outlived its reported stop: %v", err)
+			return fmt.Errorf("the workload record outlived its reported stop: %w", err)
 		}
 		return nil
 	})
@@ -264,9 +264,9 @@ func TestEachInjectedFaultIsReportedAtOnce(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			f := fleet(t, "h100x8", 42)
+			f := simulated(t, "h100x8", tc.node)
 			cfg := e.config(t, tc.node, "", t.TempDir())
-			cfg.Fleet = f
+			cfg.Simulated = f
 			e.start(t, cfg)
 			e.registered(t, tc.node, 1)
 			subj := "node." + tc.node + ".health"
@@ -300,9 +300,9 @@ func TestEachInjectedFaultIsReportedAtOnce(t *testing.T) {
 	}
 	t.Run("a spot interruption notice drains the node and announces the deadline", func(t *testing.T) {
 		t.Parallel()
-		f := fleet(t, "h100x8", 42)
+		f := simulated(t, "h100x8", "f-spot")
 		cfg := e.config(t, "f-spot", "", t.TempDir())
-		cfg.Fleet, cfg.Market = f, "spot"
+		cfg.Simulated, cfg.Market = f, "spot"
 		e.start(t, cfg)
 		e.registered(t, "f-spot", 1)
 		deadline := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Second)
@@ -445,7 +445,7 @@ func TestAnAgentStartedBeforeProvisioningWaitsForTheStreamsThenRegisters(t *test
 	if err := service.Healthcheck(t.Context(), cfg.Service.HTTPAddr); err == nil {
 		t.Fatal("ready before the streams exist")
 	}
-	e.provision(t)
+	e.Provision(t)
 	e.registered(t, "early", 1)
 	testkit.Eventually(t, 20*time.Second, func() error { return service.Healthcheck(t.Context(), cfg.Service.HTTPAddr) })
 }

@@ -8,24 +8,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"hash/fnv"
-	"log/slog"
-	"math"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
-	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/node-agent/agent"
-	"github.com/shizu-gpu/shizu/services/node-agent/gpu"
-	"github.com/shizu-gpu/shizu/services/node-agent/gpu/nvmlgpu"
-	"github.com/shizu-gpu/shizu/services/node-agent/gpu/simgpu"
+	"github.com/shizu-gpu/shizu/shared/rent"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -76,13 +66,12 @@ type Config struct {
 	// default) leaves SIGUSR1 alone; an agent on real GPUs refuses it.
 	SimulateNoticeLead time.Duration
 
-	// Fleet, when set, is the simulated host to use instead of building
-	// one from Simulate (tests inject faults into it). Not a flag.
-	Fleet *simgpu.Fleet
+	// Simulated, when set, is the simulated host to run on instead of
+	// building one from Simulate, so that the caller (`shizu dev`, a test)
+	// can inject faults into it. Not a flag.
+	Simulated *SimulatedHost
 	// Now is the clock (default time.Now). Not a flag.
 	Now func() time.Time
-
-	envErrs []error // SHIZU_* values that did not parse
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -95,73 +84,55 @@ func DefaultConfig() Config {
 		DefaultCommand: []string{"sleep", "infinity"}, StopGrace: 10 * time.Second}
 }
 
-// RegisterFlags binds the node agent's own flags, each defaulting to its
-// SHIZU_* environment variable.
+// RegisterFlags binds the node agent's own flags, each with a
+// SHIZU_NODE_AGENT_<FLAG> variable (service.Flags) and the older,
+// documented SHIZU_* name as its alias.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	str := func(p *string, name, env, usage string) {
-		if v, ok := os.LookupEnv(env); ok {
-			*p = v
-		}
-		fs.StringVar(p, name, *p, fmt.Sprintf("%s [%s]", usage, env))
-	}
-	dur := func(p *time.Duration, name, env, usage string) {
-		if v, ok := os.LookupEnv(env); ok {
-			if d, err := time.ParseDuration(v); err == nil {
-				*p = d
-			} else {
-				c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a duration (e.g. 15s)", env, v))
-			}
-		}
-		fs.DurationVar(p, name, *p, fmt.Sprintf("%s [%s]", usage, env))
-	}
-	i64 := func(p *int64, name, env, usage string) {
-		if v, ok := os.LookupEnv(env); ok {
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-				*p = n
-			} else {
-				c.envErrs = append(c.envErrs, fmt.Errorf("%s: %q is not a whole number", env, v))
-			}
-		}
-		fs.Int64Var(p, name, *p, fmt.Sprintf("%s [%s]", usage, env))
-	}
-	str(&c.NodeID, "node-id", "SHIZU_NODE_ID", "this host's node id, a subject token")
-	str(&c.Simulate, "simulate", "SHIZU_SIMULATE", "simulated GPU profile for hosts without GPUs: "+strings.Join(simgpu.Profiles(), ", "))
-	str(&c.Zone, "zone", "SHIZU_NODE_ZONE", "zone of this node")
-	str(&c.Market, "market", "SHIZU_NODE_MARKET", "how the node is bought: on-demand or spot")
-	str(&c.Price, "price", "SHIZU_PRICE", "on-demand price of one GPU for one hour, e.g. 2.49")
-	str(&c.Currency, "currency", "SHIZU_CURRENCY", "ISO 4217 currency of -price")
-	str(&c.InstanceType, "instance-type", "SHIZU_NODE_INSTANCE_TYPE", "provider instance type (default: the simulated profile's)")
-	i64(&c.CPUMilli, "cpu-milli", "SHIZU_CPU_MILLI", "host CPU for rentals in milli-cores (0: 90% of the host)")
-	i64(&c.MemoryMiB, "memory-mib", "SHIZU_MEMORY_MIB", "host memory for rentals in MiB (0: 90% of the host)")
-	dur(&c.HeartbeatInterval, "heartbeat-interval", "SHIZU_HEARTBEAT_INTERVAL", "time between heartbeats")
-	dur(&c.HeartbeatTTL, "heartbeat-ttl", "SHIZU_HEARTBEAT_TTL", "how long the heartbeat key outlives the last beat")
-	dur(&c.TelemetryInterval, "telemetry-interval", "SHIZU_TELEMETRY_INTERVAL", "time between GPU telemetry samples")
-	dur(&c.LeaseInterval, "lease-interval", "SHIZU_LEASE_INTERVAL", "time between registration checks and allocation renewals")
-	str(&c.StateDir, "state-dir", "SHIZU_STATE_DIR", "directory for workload records, logs and working directories (default <tmp>/shizu-node-agent/<node id>)")
-	dur(&c.StopGrace, "stop-grace", "SHIZU_STOP_GRACE", "default grace period between SIGTERM and SIGKILL")
-	dur(&c.SimulateNoticeLead, "simulate-notice-lead", "SHIZU_SIMULATE_NOTICE_LEAD",
-		"with -simulate only: SIGUSR1 delivers a simulated spot interruption notice with this lead time (0: off)")
-	if v, ok := os.LookupEnv("SHIZU_DEFAULT_COMMAND"); ok {
-		c.DefaultCommand = strings.Fields(v)
-	}
-	fs.Func("default-command", fmt.Sprintf("command of a rental that names none, split on spaces (default %q) [SHIZU_DEFAULT_COMMAND]",
-		strings.Join(c.DefaultCommand, " ")), func(v string) error {
-		c.DefaultCommand = strings.Fields(v)
-		return nil
-	})
+	f := c.Service.Flags(fs)
+	a := service.Alias
+	f.String(&c.NodeID, "node-id", "this host's node id, a subject token", a("SHIZU_NODE_ID"))
+	f.String(&c.Simulate, "simulate", "simulated GPU profile for hosts without GPUs: "+strings.Join(SimulatedProfiles(), ", "), a("SHIZU_SIMULATE"))
+	f.String(&c.Zone, "zone", "zone of this node", a("SHIZU_NODE_ZONE"))
+	f.String(&c.Market, "market", "how the node is bought: on-demand or spot", a("SHIZU_NODE_MARKET"))
+	f.String(&c.Price, "price", "on-demand price of one GPU for one hour, e.g. 2.49", a("SHIZU_PRICE"))
+	f.String(&c.Currency, "currency", "ISO 4217 currency of -price", a("SHIZU_CURRENCY"))
+	f.String(&c.InstanceType, "instance-type", "provider instance type (default: the simulated profile's)", a("SHIZU_NODE_INSTANCE_TYPE"))
+	f.Int64(&c.CPUMilli, "cpu-milli", "host CPU for rentals in milli-cores (0: 90% of the host)", a("SHIZU_CPU_MILLI"))
+	f.Int64(&c.MemoryMiB, "memory-mib", "host memory for rentals in MiB (0: 90% of the host)", a("SHIZU_MEMORY_MIB"))
+	f.Duration(&c.HeartbeatInterval, "heartbeat-interval", "time between heartbeats", a("SHIZU_HEARTBEAT_INTERVAL"))
+	f.Duration(&c.HeartbeatTTL, "heartbeat-ttl", "how long the heartbeat key outlives the last beat", a("SHIZU_HEARTBEAT_TTL"))
+	f.Duration(&c.TelemetryInterval, "telemetry-interval", "time between GPU telemetry samples", a("SHIZU_TELEMETRY_INTERVAL"))
+	f.Duration(&c.LeaseInterval, "lease-interval", "time between registration checks and allocation renewals", a("SHIZU_LEASE_INTERVAL"))
+	f.String(&c.StateDir, "state-dir", "directory for workload records, logs and working directories (default <tmp>/shizu-node-agent/<node id>)",
+		a("SHIZU_STATE_DIR"))
+	f.Duration(&c.StopGrace, "stop-grace", "default grace period between SIGTERM and SIGKILL", a("SHIZU_STOP_GRACE"))
+	f.Duration(&c.SimulateNoticeLead, "simulate-notice-lead",
+		"with -simulate only: SIGUSR1 delivers a simulated spot interruption notice with this lead time (0: off)", a("SHIZU_SIMULATE_NOTICE_LEAD"))
+	f.Var((*commandLine)(&c.DefaultCommand), "default-command", "command of a rental that names none, split on spaces",
+		a("SHIZU_DEFAULT_COMMAND"))
+}
+
+// commandLine is a command given as one string, split on spaces.
+type commandLine []string
+
+func (c *commandLine) String() string { return strings.Join(*c, " ") }
+
+func (c *commandLine) Set(v string) error {
+	*c = strings.Fields(v)
+	return nil
 }
 
 // Validate reports every problem in the configuration.
 func (c Config) Validate() error {
-	errs := append([]error(nil), c.envErrs...)
+	var errs []error
 	if err := c.Service.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := subject.Token(c.NodeID); err != nil {
 		errs = append(errs, fmt.Errorf("node.id: %w", err))
 	}
-	if c.Simulate != "" && c.Fleet == nil {
-		if _, err := simgpu.Lookup(c.Simulate); err != nil {
+	if c.Simulate != "" && c.Simulated == nil {
+		if err := checkProfile(c.Simulate); err != nil {
 			errs = append(errs, fmt.Errorf("simulate: %w", err))
 		}
 	}
@@ -183,7 +154,7 @@ func (c Config) Validate() error {
 	if c.StopGrace < 0 {
 		errs = append(errs, fmt.Errorf("stop.grace: %s is negative", c.StopGrace))
 	}
-	if c.SimulateNoticeLead < 0 || (c.SimulateNoticeLead > 0 && c.Simulate == "" && c.Fleet == nil) {
+	if c.SimulateNoticeLead < 0 || (c.SimulateNoticeLead > 0 && c.Simulate == "" && c.Simulated == nil) {
 		errs = append(errs, fmt.Errorf("simulate.notice_lead: %s needs a simulated host (-simulate) and must not be negative; real hosts get notices from their provider only", c.SimulateNoticeLead))
 	}
 	return errors.Join(errs...)
@@ -195,15 +166,12 @@ func (c Config) facts(cpu, mem int64) (agent.Facts, error) {
 	f := agent.Facts{NodeID: c.NodeID, Zone: c.Zone, Currency: c.Currency, CPUMilli: c.CPUMilli, MemoryMiB: c.MemoryMiB,
 		InstanceType: c.InstanceType}
 	var errs []error
-	switch c.Market {
-	case "on-demand":
-		f.Market = shizuv1.Market_MARKET_ON_DEMAND
-	case "spot":
-		f.Market = shizuv1.Market_MARKET_SPOT
-	default:
-		errs = append(errs, fmt.Errorf("market: %q, want on-demand or spot", c.Market))
+	m, err := rent.ParseMarket(c.Market)
+	if err != nil {
+		errs = append(errs, err)
 	}
-	micros, err := parseMicros(c.Price)
+	f.Market = m.Proto()
+	micros, err := rent.ParseMicros(c.Price)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("price: %w", err))
 	}
@@ -221,79 +189,6 @@ func (c Config) facts(cpu, mem int64) (agent.Facts, error) {
 		f.MemoryMiB = mem
 	}
 	return f, errors.Join(errs...)
-}
-
-// parseMicros reads a non-negative decimal amount ("2.49") as micro-units.
-func parseMicros(s string) (int64, error) {
-	whole, frac, _ := strings.Cut(strings.TrimSpace(s), ".")
-	if whole == "" || len(frac) > 6 {
-		return 0, fmt.Errorf("%q is not an amount with at most 6 decimals", s)
-	}
-	w, err := strconv.ParseInt(whole, 10, 64)
-	if err != nil || w < 0 || w > math.MaxInt64/1_000_000-1 {
-		return 0, fmt.Errorf("%q is not a non-negative amount", s)
-	}
-	var f int64
-	if frac != "" {
-		if f, err = strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64); err != nil || f < 0 {
-			return 0, fmt.Errorf("%q is not a non-negative amount", s)
-		}
-	}
-	return w*1_000_000 + f, nil
-}
-
-// backend is the GPU backend the agent runs on, with what a simulated
-// profile says of the host.
-type backend struct {
-	host gpu.Host
-	load gpu.LoadModel // nil on real GPUs
-	// cpuMilli, memMiB and instanceType are the simulated profile's (zero
-	// on real GPUs: the host's own are used); simulated names the profile.
-	cpuMilli, memMiB        int64
-	instanceType, simulated string
-}
-
-// openBackend returns the GPU backend: the injected or named simulated
-// fleet (whose load then follows the workloads, and which with
-// SimulateNoticeLead turns SIGUSR1 into spot notices until the host is
-// closed), else real NVML (which refuses to start without a driver).
-func (c Config) openBackend(log *slog.Logger) (backend, error) {
-	fleet := c.Fleet
-	if fleet == nil && c.Simulate != "" {
-		h := fnv.New64a()
-		_, _ = h.Write([]byte(c.NodeID))
-		f, err := simgpu.New(c.Simulate, h.Sum64())
-		if err != nil {
-			return backend{}, err
-		}
-		fleet = f
-	}
-	if fleet == nil {
-		h, err := nvmlgpu.New(nvml.New(), nvmlgpu.WithClock(c.clock()))
-		return backend{host: h}, err
-	}
-	h, err := fleet.Host(nvmlgpu.WithClock(c.clock()))
-	if err != nil {
-		return backend{}, err
-	}
-	p := fleet.Profile
-	b := backend{host: h, load: fleet, cpuMilli: p.CPUMilli, memMiB: p.MemoryMiB, instanceType: p.InstanceType, simulated: p.Name}
-	if c.SimulateNoticeLead > 0 {
-		stop := fleet.NoticeOnSignal(c.SimulateNoticeLead, c.clock(), log, syscall.SIGUSR1)
-		b.host = closedWith{Host: h, also: stop}
-	}
-	return b, nil
-}
-
-// closedWith is a Host whose Close also ends what came with it.
-type closedWith struct {
-	gpu.Host
-	also func()
-}
-
-func (h closedWith) Close() error {
-	h.also()
-	return h.Host.Close()
 }
 
 // stateDir is StateDir with its per-node default.

@@ -17,70 +17,40 @@ import (
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/node-agent/app"
-	"github.com/shizu-gpu/shizu/services/node-agent/gpu/simgpu"
 	"github.com/shizu-gpu/shizu/services/node-agent/runtime"
-	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
-func password(user string) string { return "pw-" + user }
-
 // env is one real NATS (with the topology's users, streams and heartbeat
 // bucket) and one real Redis, shared by the agents of a test.
 type env struct {
-	nats  *testkit.NATS
-	redis *testkit.Redis
-	admin *bus.Conn
+	*testkit.Deployment
 	store *capacity.Store
-	hb    *bus.Heartbeats
 }
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := newBareEnv(t)
-	e.provision(t)
+	e.Provision(t)
 	return e
 }
 
-// newBareEnv is an env whose streams are not provisioned yet.
+// newBareEnv is an env whose streams are not provisioned yet
+// (Deployment.Provision creates them).
 func newBareEnv(t testing.TB) *env {
 	t.Helper()
-	e := &env{nats: testkit.StartNATS(t, testkit.WithUsers(topology.Users(), password)), redis: testkit.StartRedis(t)}
-	var err error
-	e.admin, err = bus.Connect(t.Context(), bus.Config{URL: e.nats.URL, User: topology.Admin, Password: password(topology.Admin)}, bus.Instruments{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.admin.Close(context.WithoutCancel(t.Context())) })
-	if e.store, err = capacity.New(e.redis.Client(t)); err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-// provision creates the streams and the heartbeat bucket, as `shizu
-// provision` does.
-func (e *env) provision(t testing.TB) {
-	t.Helper()
-	var err error
-	if err := e.admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
-		t.Fatal(err)
-	}
-	if e.hb, err = e.admin.EnsureHeartbeats(t.Context(), topology.Heartbeats(1, time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	d := testkit.Platform(t, testkit.WithoutStreams(), testkit.WithHeartbeats(time.Second))
+	return &env{Deployment: d, store: d.Capacity(t)}
 }
 
 func (e *env) config(t testing.TB, node, profile, stateDir string) app.Config {
 	cfg := app.DefaultConfig()
-	cfg.Service = service.Defaults(topology.NodeAgent)
-	cfg.Service.NATS.URL, cfg.Service.NATS.Password = e.nats.URL, password(topology.NodeAgent)
-	cfg.Service.RedisURL = "redis://" + e.redis.Addr + "/0"
+	cfg.Service = e.ServiceConfig(t, topology.NodeAgent)
 	cfg.Service.HTTPAddr = freeAddr(t)
-	cfg.Service.LogFormat, cfg.Service.LogWriter, cfg.Service.LogLevel = "text", t.Output(), "debug"
+	cfg.Service.LogLevel = "debug"
 	cfg.Service.ShutdownTimeout = 10 * time.Second
 	cfg.NodeID, cfg.Simulate, cfg.StateDir = node, profile, stateDir
 	cfg.HeartbeatInterval, cfg.HeartbeatTTL = 250*time.Millisecond, time.Second
@@ -157,7 +127,7 @@ func killWorkloads(t testing.TB, dir string) {
 func last[E proto.Message](t testing.TB, e *env, stream, subj string) (E, bool) {
 	t.Helper()
 	var ev E
-	s, err := e.admin.JetStream().Stream(t.Context(), stream)
+	s, err := e.Admin.JetStream().Stream(t.Context(), stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +202,7 @@ func (e *env) place(t testing.TB, node string, epoch int64, rental string, milli
 
 func (e *env) send(t testing.TB, node, verb string, cmd proto.Message) {
 	t.Helper()
-	if _, err := e.admin.Publish(t.Context(), "agent."+node+".cmd."+verb, cmd); err != nil {
+	if _, err := e.Admin.Publish(t.Context(), "agent."+node+".cmd."+verb, cmd); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -244,9 +214,11 @@ func stopCmd(node, rental string, reason shizuv1.ExitReason, grace time.Duration
 	}
 }
 
-func fleet(t testing.TB, profile string, seed uint64) *simgpu.Fleet {
+// simulated is node's simulated host of profile, for a test to inject
+// faults into (Config.Simulated).
+func simulated(t testing.TB, profile, node string) *app.SimulatedHost {
 	t.Helper()
-	f, err := simgpu.New(profile, seed)
+	f, err := app.NewSimulatedHost(profile, node)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +230,7 @@ func nowTS() *timestamppb.Timestamp { return timestamppb.Now() }
 // all returns every event on subj of stream, oldest first.
 func all[E proto.Message](t testing.TB, e *env, stream, subj string) []E {
 	t.Helper()
-	oc, err := e.admin.JetStream().OrderedConsumer(t.Context(), stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	oc, err := e.Admin.JetStream().OrderedConsumer(t.Context(), stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/shizu-gpu/shizu/shared/capacity"
 )
 
-var capacityUnavailable = fmt.Errorf("capacity: %w: redis down", capacity.ErrUnavailable)
+var errCapacityUnavailable = fmt.Errorf("capacity: %w: redis down", capacity.ErrUnavailable)
 
 // held decodes the events held on subject of b.
 func held[E proto.Message](t *testing.T, b *agenttest.Bus, subject string, newE func() E) []E {
@@ -66,7 +66,7 @@ func TestAStoreThatCannotBeReadLeavesTheRegistrationAlone(t *testing.T) {
 	}
 	c.Refuse(func(method string) error {
 		if method == "Node" {
-			return capacityUnavailable
+			return errCapacityUnavailable
 		}
 		return nil
 	})

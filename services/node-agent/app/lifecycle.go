@@ -49,6 +49,7 @@ type nodeAgent struct {
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	loops  []*service.Loop // the lease and telemetry loops
 	sub    *bus.Subscription
 	// beatNow asks the heartbeat loop for a beat out of turn (after a
 	// reconnect).
@@ -100,7 +101,7 @@ func start(ctx context.Context, cfg Config, srt *service.Runtime) (a *nodeAgent,
 	bus.On(router, a.onDrain)
 	// One command at a time keeps a node's start, stop and drain in order.
 	if a.sub, err = srt.Bus.Consume(ctx, cons, router, bus.ConsumeOptions{Concurrency: 1}); err != nil {
-		a.shutdown()
+		a.shutdown(ctx)
 		return nil, err
 	}
 	a.log.Info("node agent started", "epoch", a.epochNow(), "gpus", len(a.inv.Devices), "model", a.inv.Devices[0].Model,
@@ -160,8 +161,9 @@ func (a *nodeAgent) startLoops(ctx context.Context, conn *bus.Conn) {
 	a.beatNow = make(chan struct{}, 1)
 	a.beatOnReconnect(conn.NATS())
 	a.goLoop(func() { a.beatLoop(loopCtx) })
-	a.goLoop(func() { a.every(loopCtx, a.cfg.LeaseInterval, a.lease) })
-	a.goLoop(func() { a.every(loopCtx, a.cfg.TelemetryInterval, a.sample) })
+	a.loops = append(a.loops,
+		service.StartLoop(loopCtx, a.cfg.LeaseInterval, func(ctx context.Context, _ time.Time) { a.lease(ctx) }),
+		service.StartLoop(loopCtx, a.cfg.TelemetryInterval, func(ctx context.Context, _ time.Time) { a.sample(ctx) }))
 	a.goLoop(func() { a.watchHealth(loopCtx) })
 	if n := a.host.Notices(); n != nil {
 		a.goLoop(func() { a.noticesLoop(loopCtx, n) })
@@ -179,12 +181,18 @@ func (a *nodeAgent) Stop(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	a.shutdown()
+	a.shutdown(ctx)
 	return errors.Join(errs...)
 }
 
-func (a *nodeAgent) shutdown() {
+// shutdown stops the loops, waiting for each to finish what it is doing
+// (whatever ctx's deadline: the runtime and the host close after), and
+// releases the runtime and the GPU backend.
+func (a *nodeAgent) shutdown(ctx context.Context) {
 	a.cancel()
+	for _, l := range a.loops {
+		_ = l.Stop(context.WithoutCancel(ctx))
+	}
 	a.wg.Wait()
 	_ = a.rt.Close()
 	_ = a.host.Close()
@@ -196,19 +204,6 @@ func (a *nodeAgent) goLoop(f func()) {
 		defer a.wg.Done()
 		f()
 	}()
-}
-
-func (a *nodeAgent) every(ctx context.Context, d time.Duration, f func(context.Context)) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			f(ctx)
-		}
-	}
 }
 
 // retry runs f until it succeeds or ctx ends.

@@ -28,7 +28,7 @@ func TestAnAgentBeatsAtOnceWhenItsConnectionComesBack(t *testing.T) {
 	cfg := e.config(t, "n1", "h100x8", t.TempDir())
 	cfg.HeartbeatInterval, cfg.HeartbeatTTL = time.Minute, 2*time.Minute
 	e.start(t, cfg)
-	kv, err := e.admin.JetStream().KeyValue(t.Context(), topology.HeartbeatBucket)
+	kv, err := e.Admin.JetStream().KeyValue(t.Context(), topology.HeartbeatBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,14 +41,14 @@ func TestAnAgentBeatsAtOnceWhenItsConnectionComesBack(t *testing.T) {
 		first = en.Revision()
 		return nil
 	})
-	conns, err := e.nats.Server.Connz(&server.ConnzOptions{})
+	conns, err := e.NATS.Server.Connz(&server.ConnzOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	kicked := false
 	for _, c := range conns.Conns {
 		if c.Name == agentClient {
-			if err := e.nats.Server.DisconnectClientByID(c.Cid); err != nil {
+			if err := e.NATS.Server.DisconnectClientByID(c.Cid); err != nil {
 				t.Fatal(err)
 			}
 			kicked = true
@@ -89,7 +89,7 @@ func TestSIGUSR1DeliversASimulatedSpotNotice(t *testing.T) {
 	testkit.Eventually(t, 10*time.Second, func() error {
 		st, err := e.store.Node(t.Context(), "n-usr1")
 		if err != nil || st.Status != capacity.StatusDraining {
-			return fmt.Errorf("node %v (%v), want draining", st.Status, err)
+			return fmt.Errorf("node %v (%w), want draining", st.Status, err)
 		}
 		return nil
 	})

@@ -56,9 +56,9 @@ func New(lib nvml.Interface, opts ...Option) (*Backend, error) {
 	switch ret := lib.Init(); ret {
 	case nvml.SUCCESS:
 	case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED, nvml.ERROR_NO_PERMISSION:
-		return nil, fmt.Errorf("nvml init: %v: %w", ret, gpu.ErrNoDriver)
+		return nil, fmt.Errorf("nvml init: %w: %w", ret, gpu.ErrNoDriver)
 	default:
-		return nil, fmt.Errorf("nvml init: %v", ret)
+		return nil, fmt.Errorf("nvml init: %w", ret)
 	}
 	b := &Backend{lib: lib, now: time.Now}
 	for _, o := range opts {
@@ -67,13 +67,13 @@ func New(lib nvml.Interface, opts ...Option) (*Backend, error) {
 	n, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		_ = lib.Shutdown()
-		return nil, fmt.Errorf("nvml device count: %v", ret)
+		return nil, fmt.Errorf("nvml device count: %w", ret)
 	}
 	for i := range n {
 		d, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
 			_ = lib.Shutdown()
-			return nil, fmt.Errorf("nvml device %d: %v", i, ret)
+			return nil, fmt.Errorf("nvml device %d: %w", i, ret)
 		}
 		b.devices = append(b.devices, d)
 	}
@@ -90,7 +90,7 @@ func (b *Backend) Close() error {
 	}
 	b.closed = true
 	if ret := b.lib.Shutdown(); ret != nvml.SUCCESS {
-		return fmt.Errorf("nvml shutdown: %v", ret)
+		return fmt.Errorf("nvml shutdown: %w", ret)
 	}
 	return nil
 }
@@ -148,14 +148,14 @@ func (b *Backend) describe(i int, d nvml.Device, tee bool) (gpu.Device, error) {
 	dev := gpu.Device{Index: i}
 	var ret nvml.Return
 	if dev.UUID, ret = d.GetUUID(); ret != nvml.SUCCESS {
-		return dev, fmt.Errorf("gpu %d uuid: %v", i, ret)
+		return dev, fmt.Errorf("gpu %d uuid: %w", i, ret)
 	}
 	if dev.ProductName, ret = d.GetName(); ret != nvml.SUCCESS {
-		return dev, fmt.Errorf("gpu %d name: %v", i, ret)
+		return dev, fmt.Errorf("gpu %d name: %w", i, ret)
 	}
 	mem, ret := d.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
-		return dev, fmt.Errorf("gpu %d memory: %v", i, ret)
+		return dev, fmt.Errorf("gpu %d memory: %w", i, ret)
 	}
 	dev.VRAMMiB = int64(mem.Total >> 20)
 	dev.Model = gpu.ModelToken(dev.ProductName, dev.VRAMMiB)
@@ -220,7 +220,7 @@ func nvLinks(d nvml.Device, remoteType bool) []gpu.NVLink {
 func migInstances(d nvml.Device) ([]gpu.MIGInstance, error) {
 	n, ret := d.GetMaxMigDeviceCount()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("mig device count: %v", ret)
+		return nil, fmt.Errorf("mig device count: %w", ret)
 	}
 	var out []gpu.MIGInstance
 	for i := range n {
@@ -229,11 +229,11 @@ func migInstances(d nvml.Device) ([]gpu.MIGInstance, error) {
 			continue // an empty slot
 		}
 		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("mig device %d: %v", i, ret)
+			return nil, fmt.Errorf("mig device %d: %w", i, ret)
 		}
 		var inst gpu.MIGInstance
 		if inst.UUID, ret = m.GetUUID(); ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("mig device %d uuid: %v", i, ret)
+			return nil, fmt.Errorf("mig device %d uuid: %w", i, ret)
 		}
 		gi, _ := m.GetGpuInstanceId()
 		ci, _ := m.GetComputeInstanceId()
@@ -367,15 +367,16 @@ const watchedEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEc
 func (b *Backend) Watch(ctx context.Context, out chan<- gpu.Event) error {
 	set, ret := b.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
-		return fmt.Errorf("nvml event set: %v", ret)
+		return fmt.Errorf("nvml event set: %w", ret)
 	}
-	defer set.Free()
+	// Freeing the set is best effort: nothing is left to do if it fails.
+	defer func() { _ = set.Free() }()
 	for i, d := range b.devices {
 		if ret := d.RegisterEvents(watchedEvents, set); ret == nvml.SUCCESS {
 			continue
 		}
 		if ret := d.RegisterEvents(nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED {
-			return fmt.Errorf("nvml register events on gpu %d: %v", i, ret)
+			return fmt.Errorf("nvml register events on gpu %d: %w", i, ret)
 		}
 	}
 	for ctx.Err() == nil {
@@ -388,7 +389,7 @@ func (b *Backend) Watch(ctx context.Context, out chan<- gpu.Event) error {
 			// Sample reports which GPU; keep waiting for the others.
 			continue
 		default:
-			return fmt.Errorf("nvml event wait: %v", ret)
+			return fmt.Errorf("nvml event wait: %w", ret)
 		}
 		ev := gpu.Event{Index: b.indexOf(data.Device), At: b.now()}
 		switch data.EventType {

@@ -322,16 +322,16 @@ var migCI = map[int]int{
 func (f *Fleet) partition(i int, giProfiles []int) error {
 	d := f.gpus[i].dev
 	if ret, _ := d.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
-		return fmt.Errorf("enable MIG: %v", ret)
+		return fmt.Errorf("enable MIG: %w", ret)
 	}
 	for _, gp := range giProfiles {
 		info, ret := d.GetGpuInstanceProfileInfo(gp)
 		if ret != nvml.SUCCESS {
-			return fmt.Errorf("GPU instance profile %d: %v", gp, ret)
+			return fmt.Errorf("GPU instance profile %d: %w", gp, ret)
 		}
 		gi, ret := d.CreateGpuInstance(&info)
 		if ret != nvml.SUCCESS {
-			return fmt.Errorf("create GPU instance: %v", ret)
+			return fmt.Errorf("create GPU instance: %w", ret)
 		}
 		ciProfile, ok := migCI[gp]
 		if !ok {
@@ -339,11 +339,11 @@ func (f *Fleet) partition(i int, giProfiles []int) error {
 		}
 		ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfile, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 		if ret != nvml.SUCCESS {
-			return fmt.Errorf("compute instance profile %d: %v", ciProfile, ret)
+			return fmt.Errorf("compute instance profile %d: %w", ciProfile, ret)
 		}
 		ci, ret := gi.CreateComputeInstance(&ciInfo)
 		if ret != nvml.SUCCESS {
-			return fmt.Errorf("create compute instance: %v", ret)
+			return fmt.Errorf("create compute instance: %w", ret)
 		}
 		giID := int(gi.(*server.GpuInstance).Info.Id)
 		ciID := int(ci.(*server.ComputeInstance).Info.Id)
