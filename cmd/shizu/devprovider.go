@@ -18,7 +18,7 @@ import (
 // builds it through Deps.NewProvider.
 type devProvider struct {
 	runner *fleetRunner
-	ctx    context.Context // the agents' lifetime
+	ctx    context.Context   // the agents' lifetime
 	types  map[string]string // instance type -> simulated profile
 	config func(fleetNode) nodeagent.Config
 	now    func() time.Time

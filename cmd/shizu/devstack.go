@@ -59,9 +59,9 @@ type devStack struct {
 	redisURL         string
 	envPath          string
 
-	units []serviceUnit
-	fleet     *fleetRunner
-	failed    chan error // a service that ended with an error
+	units  []serviceUnit
+	fleet  *fleetRunner
+	failed chan error // a service that ended with an error
 }
 
 // serviceUnit is one of the services that run once (the node agents run
