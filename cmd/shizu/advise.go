@@ -12,6 +12,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/metering/advisor"
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
 	"github.com/shizu-gpu/shizu/services/metering/pricing"
+	"github.com/shizu-gpu/shizu/shared/rent"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -125,9 +126,9 @@ func adviceMarket(ctx context.Context, cf clientFlags, onDemand pricing.Money, m
 		m.SpotByHourMicros = advisor.SpotByHour(history, onDemand.Micros, now.Add(-lookback), now)
 		return m, source, nil
 	case spot != "":
-		micros, err := parseAmount(spot)
+		micros, err := rent.ParseMicros(spot)
 		if err != nil {
-			return m, "", usagef("-spot-price: %w", err)
+			return m, "", usagef("-spot-price: %w (e.g. -spot-price 1.20)", err)
 		}
 		flat, source = micros, "assumed flat spot price "+money(micros, onDemand.Currency)
 	}

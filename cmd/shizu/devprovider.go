@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
 	nodeagent "github.com/shizu-gpu/shizu/services/node-agent/app"
 )
@@ -15,11 +14,12 @@ import (
 // devProvider is the autoscaler's fleet provider inside `shizu dev`: a
 // provisioned node is one more in-process node agent of the simulated
 // fleet (profile from the policy's instance type), a released one is
-// stopped and forgotten. It implements provider.Provider.
+// stopped and forgotten. It implements provider.Provider; the autoscaler
+// builds it through Deps.NewProvider.
 type devProvider struct {
 	runner *fleetRunner
-	ctx    context.Context // the agents' lifetime
-	types  map[string]string
+	ctx    context.Context   // the agents' lifetime
+	types  map[string]string // instance type -> simulated profile
 	config func(fleetNode) nodeagent.Config
 	now    func() time.Time
 
@@ -28,12 +28,15 @@ type devProvider struct {
 	seq   int
 }
 
-func newDevProvider(ctx context.Context, runner *fleetRunner, file policy.File, config func(fleetNode) nodeagent.Config) *devProvider {
-	p := &devProvider{runner: runner, ctx: ctx, types: map[string]string{}, config: config, now: time.Now, nodes: map[string]provider.Node{}}
-	for _, t := range file.Fleet.InstanceTypes {
-		p.types[t.Name] = t.Profile
-	}
-	return p
+// fleetProvider is the autoscaler's Deps.NewProvider in `shizu dev`: a
+// dev provider of the stack's fleet, selling the policy's instance types
+// (type name -> simulated profile).
+func (s *devStack) fleetProvider(profiles map[string]string) (provider.Provider, error) {
+	return newDevProvider(s.ctx, s.fleet, profiles, s.agentConfig), nil
+}
+
+func newDevProvider(ctx context.Context, runner *fleetRunner, profiles map[string]string, config func(fleetNode) nodeagent.Config) *devProvider {
+	return &devProvider{runner: runner, ctx: ctx, types: profiles, config: config, now: time.Now, nodes: map[string]provider.Node{}}
 }
 
 // Provision starts n node agents of the instance type's profile, all or

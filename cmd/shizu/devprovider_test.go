@@ -1,11 +1,10 @@
 package main
 
 import (
+	"log/slog"
 	"slices"
 	"testing"
 
-	"github.com/shizu-gpu/shizu/services/autoscaler/fleet"
-	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
 	"github.com/shizu-gpu/shizu/services/autoscaler/provider/providertest"
 	nodeagent "github.com/shizu-gpu/shizu/services/node-agent/app"
@@ -22,8 +21,8 @@ func TestDevProviderAddsAndRemovesFleetNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := policy.File{Fleet: fleet.Config{InstanceTypes: []fleet.InstanceType{{Name: "rtx-box", Profile: "rtx4090x8", Model: "RTX4090-24GB", GPUs: 8}}}}
-	p := newDevProvider(t.Context(), runner, file, config)
+	profiles := map[string]string{"rtx-box": "rtx4090x8"} // the policy's instance types
+	p := newDevProvider(t.Context(), runner, profiles, config)
 
 	ids, err := p.Provision(t.Context(), "rtx-box", provider.Spot, "zone-b", 2)
 	if err != nil || !slices.Equal(ids, []string{"rtx4090x8-auto-1", "rtx4090x8-auto-2"}) {
@@ -71,7 +70,7 @@ func unreachableAgent(t *testing.T) func(fleetNode) nodeagent.Config {
 
 func TestDevProviderKeepsTheProviderContract(t *testing.T) {
 	t.Parallel()
-	file := policy.File{Fleet: fleet.Config{InstanceTypes: []fleet.InstanceType{{Name: "rtx-box", Profile: "rtx4090x8", Model: "RTX4090-24GB", GPUs: 8}}}}
+	profiles := map[string]string{"rtx-box": "rtx4090x8"} // the policy's instance types
 	providertest.Run(t, providertest.Subject{
 		New: func(t *testing.T) provider.Provider {
 			config := unreachableAgent(t)
@@ -80,9 +79,12 @@ func TestDevProviderKeepsTheProviderContract(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(runner.stopAll)
-			return newDevProvider(t.Context(), runner, file, config)
+			return newDevProvider(t.Context(), runner, profiles, config)
 		},
 		InstanceType:        "rtx-box",
 		UnknownInstanceType: "p5.48xlarge",
 	})
 }
+
+// discardLogger logs nothing: for a runner without a log file.
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -19,14 +19,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	autoscaler "github.com/shizu-gpu/shizu/services/autoscaler/app"
-	// TODO(issue-13): the autoscaler's RunWith takes a fleet provider
-	// (Deps.Provider) but builds nothing from the policy file it reads
-	// itself, so dev parses the file with policy.Parse only to learn
-	// whether its fleet section sells instance types (and each one's
-	// simulated profile) for the dev provider. Needed: e.g.
-	// Deps.NewProvider func(fleet.Config) (provider.Provider, error),
-	// called with the parsed file's fleet section.
-	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 	failover "github.com/shizu-gpu/shizu/services/failover/app"
 	metering "github.com/shizu-gpu/shizu/services/metering/app"
 	nodeagent "github.com/shizu-gpu/shizu/services/node-agent/app"
@@ -67,13 +59,9 @@ type devStack struct {
 	redisURL         string
 	envPath          string
 
-	units []serviceUnit
-	// scaleDeps is the autoscaler's: with a policy whose fleet section
-	// sells instance types, it provisions nodes for capacity shortages as
-	// more in-process node agents (set by configureFleet).
-	scaleDeps autoscaler.Deps
-	fleet     *fleetRunner
-	failed    chan error // a service that ended with an error
+	units  []serviceUnit
+	fleet  *fleetRunner
+	failed chan error // a service that ended with an error
 }
 
 // serviceUnit is one of the services that run once (the node agents run
@@ -245,10 +233,17 @@ func (s *devStack) configureServices(context.Context) error {
 	if err := meter.Validate(); err != nil {
 		return fmt.Errorf("metering: %w", err)
 	}
+	if err := scale.Validate(); err != nil {
+		return fmt.Errorf("autoscaler: %w", err)
+	}
+	// With a policy whose fleet section sells instance types, the
+	// autoscaler provisions nodes for capacity shortages as more
+	// in-process node agents of the simulated fleet.
+	scaleDeps := autoscaler.Deps{NewProvider: s.fleetProvider}
 	s.units = []serviceUnit{
 		{topology.Scheduler, sched.Service, func(ctx context.Context) error { return scheduler.Run(ctx, sched) }},
 		{topology.Metering, meter.Service, func(ctx context.Context) error { return metering.Run(ctx, meter) }},
-		{topology.Autoscaler, scale.Service, func(ctx context.Context) error { return autoscaler.RunWith(ctx, scale, s.scaleDeps) }},
+		{topology.Autoscaler, scale.Service, func(ctx context.Context) error { return autoscaler.RunWith(ctx, scale, scaleDeps) }},
 		{topology.Failover, fail.Service, func(ctx context.Context) error { return failover.Run(ctx, fail) }},
 	}
 	return nil
@@ -265,9 +260,7 @@ func (s *devStack) agentConfig(n fleetNode) nodeagent.Config {
 	return c
 }
 
-// configureFleet builds the simulated fleet (not started yet) and, with a
-// policy that sells instance types, the autoscaler's provider of more.
-// At exit it says how many workloads keep running for the next start to
+// configureFleet builds the simulated fleet (not started yet). At exit it says how many workloads keep running for the next start to
 // adopt (an ephemeral stack ends them).
 func (s *devStack) configureFleet(context.Context) error {
 	nodes, err := parseFleet(s.o.fleet)
@@ -278,20 +271,6 @@ func (s *devStack) configureFleet(context.Context) error {
 		return err
 	}
 	s.onStop(s.noteLeftWorkloads)
-	if s.o.policy == "" {
-		return nil
-	}
-	data, err := os.ReadFile(s.o.policy)
-	if err != nil {
-		return fmt.Errorf("autoscaler policy: %w", err)
-	}
-	file, err := policy.Parse(data)
-	if err != nil {
-		return fmt.Errorf("autoscaler policy %s: %w", s.o.policy, err)
-	}
-	if len(file.Fleet.InstanceTypes) > 0 {
-		s.scaleDeps.Provider = newDevProvider(s.ctx, s.fleet, file, s.agentConfig)
-	}
 	return nil
 }
 

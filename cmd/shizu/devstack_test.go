@@ -37,7 +37,7 @@ func TestADevStackWhoseStepFailsStopsWhatStarted(t *testing.T) {
 		interval: time.Minute, policy: filepath.Join(t.TempDir(), "missing.json")}, io.Discard)
 	err := s.start(t.Context())
 	s.close()
-	if err == nil || !strings.Contains(err.Error(), "autoscaler policy") {
+	if err == nil || !strings.Contains(err.Error(), "autoscaler.policy") || !strings.Contains(err.Error(), "missing.json") {
 		t.Fatalf("start: %v, want the missing policy file named", err)
 	}
 	if s.natsURL == "" || s.redisURL == "" {

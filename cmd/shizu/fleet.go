@@ -425,6 +425,3 @@ func procStart(pid int) (uint64, bool) {
 	v, err := strconv.ParseUint(fields[19], 10, 64)
 	return v, err == nil
 }
-
-// discardLogger logs nothing: for a runner without a log file.
-func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

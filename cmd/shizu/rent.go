@@ -17,6 +17,7 @@ import (
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/gpumodel"
+	"github.com/shizu-gpu/shizu/shared/rent"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -122,37 +123,6 @@ func parseMiB(s string) (int64, error) {
 	return n * mult, nil
 }
 
-// parseAmount reads a decimal amount as micros: "2.49" -> 2490000.
-func parseAmount(s string) (int64, error) {
-	whole, frac, _ := strings.Cut(strings.TrimSpace(s), ".")
-	if whole == "" || len(frac) > 6 {
-		return 0, fmt.Errorf("%q is not an amount with at most 6 decimals", s)
-	}
-	w, err := strconv.ParseInt(whole, 10, 64)
-	if err != nil || w < 0 || w > 1<<40 {
-		return 0, fmt.Errorf("%q is not a non-negative amount", s)
-	}
-	var f int64
-	if frac != "" {
-		if f, err = strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64); err != nil || f < 0 {
-			return 0, fmt.Errorf("%q is not a non-negative amount", s)
-		}
-	}
-	return w*1_000_000 + f, nil
-}
-
-func parsePlan(s string) (shizuv1.Plan, error) {
-	switch strings.ToLower(s) {
-	case "on-demand", "ondemand", "on_demand":
-		return shizuv1.Plan_PLAN_ON_DEMAND, nil
-	case "reserved":
-		return shizuv1.Plan_PLAN_RESERVED, nil
-	case "spot":
-		return shizuv1.Plan_PLAN_SPOT, nil
-	}
-	return 0, usagef("-plan %q: want on-demand, reserved or spot", s)
-}
-
 func (o rentOptions) spec(command []string) (*shizuv1.RentalSpec, error) {
 	milli, err := parseFraction(o.fraction)
 	if err != nil {
@@ -162,9 +132,9 @@ func (o rentOptions) spec(command []string) (*shizuv1.RentalSpec, error) {
 	if err != nil {
 		return nil, err
 	}
-	plan, err := parsePlan(o.plan)
+	plan, err := rent.ParsePlan(o.plan)
 	if err != nil {
-		return nil, err
+		return nil, usagef("-plan %q: want on-demand, reserved or spot (e.g. -plan spot)", o.plan)
 	}
 	s := &shizuv1.RentalSpec{GpuCount: int32(o.gpus), MilliGpu: milli, VramMib: vram, MigProfile: o.mig, TeeRequired: o.tee,
 		Zone: o.zone, Plan: plan, Priority: int32(o.priority), Image: o.image, Command: command, CheckpointUri: o.ckpt,
@@ -188,9 +158,9 @@ func (o rentOptions) spec(command []string) (*shizuv1.RentalSpec, error) {
 		s.Interconnect = shizuv1.Interconnect_INTERCONNECT_NVLINK
 	}
 	if o.maxPrice != "" {
-		micros, err := parseAmount(o.maxPrice)
+		micros, err := rent.ParseMicros(o.maxPrice)
 		if err != nil {
-			return nil, usagef("-max-price: %w", err)
+			return nil, usagef("-max-price: %w (e.g. -max-price 2.49)", err)
 		}
 		s.MaxSpotPricePerGpuHour = &shizuv1.Money{Micros: micros, Currency: o.currency}
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,14 +108,20 @@ func TestRentSpecFromFlags(t *testing.T) {
 		want string
 	}{
 		{"a fraction without VRAM says to add -vram", rentOptions{gpus: 1, fraction: "0.5", plan: "on-demand"}, "needs -vram"},
-		{"an unknown plan lists the plans", rentOptions{gpus: 1, plan: "cheap"}, "on-demand, reserved or spot"},
+		{"an unknown plan names the flag and lists the plans", rentOptions{gpus: 1, plan: "cheap"}, `-plan "cheap": want on-demand, reserved or spot`},
 		{"an unknown model lists the models", rentOptions{gpus: 1, plan: "spot", models: "V100"}, "H100-SXM5-80GB"},
 		{"zero GPUs are refused", rentOptions{gpus: 0, plan: "spot"}, "1..64"},
-		{"a price that is not an amount is refused", rentOptions{gpus: 1, plan: "spot", maxPrice: "cheap"}, "amount"},
+		{"a price that is not an amount names the flag", rentOptions{gpus: 1, plan: "spot", maxPrice: "cheap"}, `-max-price: "cheap" is not a non-negative amount (e.g. -max-price 2.49)`},
+		{"a price with a seventh decimal is refused", rentOptions{gpus: 1, plan: "spot", maxPrice: "1.0000001"}, "at most 6 decimals"},
+		{"a negative price is refused", rentOptions{gpus: 1, plan: "spot", maxPrice: "-1"}, "non-negative"},
 	} {
 		t.Run(bad.name, func(t *testing.T) {
-			if _, err := bad.o.spec(nil); err == nil || !strings.Contains(err.Error(), bad.want) {
+			_, err := bad.o.spec(nil)
+			if err == nil || !strings.Contains(err.Error(), bad.want) {
 				t.Fatalf("spec error %v, want %q", err, bad.want)
+			}
+			if !errors.As(err, new(usageError)) {
+				t.Fatalf("spec error %v is not a usage error (exit status 2)", err)
 			}
 		})
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/shizu-gpu/shizu/services/autoscaler/fleet"
 	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
 	"github.com/shizu-gpu/shizu/shared/bus"
@@ -116,6 +117,12 @@ func loadPolicy(path string) (policy.File, error) {
 type Deps struct {
 	// Provider replaces the local provider built from the config.
 	Provider provider.Provider
+	// NewProvider, when Provider is nil and the policy's fleet section
+	// sells instance types, builds the fleet provider in place of the
+	// local one. It is called once, with each instance type's simulated
+	// profile by type name (the fleet section's InstanceTypes), so an
+	// embedding process (`shizu dev`) need not read the policy file.
+	NewProvider func(profiles map[string]string) (provider.Provider, error)
 	// Policy replaces the policy file.
 	Policy *policy.File
 	// Now is the clock (default time.Now).
@@ -163,15 +170,9 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 		if err != nil {
 			return nil, err
 		}
-		prov := deps.Provider
-		var parts []service.Part
-		if prov == nil && cfg.NodeAgentBinary != "" {
-			local, err := newLocalProvider(cfg, file)
-			if err != nil {
-				return nil, err
-			}
-			prov = local
-			parts = append(parts, service.PartFunc(local.Close))
+		prov, parts, err := fleetProvider(cfg, deps, file.Fleet)
+		if err != nil {
+			return nil, err
 		}
 		s := newScaler(rt.Bus, rt.Redis, cfg.KeyPrefix, caps, prov, file, deps.Now, rt.Log, m)
 		routers := map[string]*bus.Router{}
@@ -230,14 +231,44 @@ func newScaler(pub publisher, rdb *redis.Client, prefix string, caps *capacity.S
 	return s
 }
 
-func newLocalProvider(cfg Config, file policy.File) (*provider.Local, error) {
+// fleetProvider is the provider of more nodes: the injected one, else the
+// embedder's (deps.NewProvider, when the fleet sells instance types), else
+// the local provider when cfg names a node-agent binary, else none (no
+// provisioning). The parts stop what it started.
+func fleetProvider(cfg Config, deps Deps, fc fleet.Config) (provider.Provider, []service.Part, error) {
+	switch {
+	case deps.Provider != nil:
+		return deps.Provider, nil, nil
+	case deps.NewProvider != nil && len(fc.InstanceTypes) > 0:
+		prov, err := deps.NewProvider(profilesOf(fc))
+		if err != nil {
+			return nil, nil, fmt.Errorf("autoscaler provider: %w", err)
+		}
+		return prov, nil, nil
+	case cfg.NodeAgentBinary != "":
+		local, err := newLocalProvider(cfg, fc)
+		if err != nil {
+			return nil, nil, err
+		}
+		return local, []service.Part{service.PartFunc(local.Close)}, nil
+	}
+	return nil, nil, nil
+}
+
+// profilesOf maps each instance type the fleet sells to the simulated
+// profile a node of it runs.
+func profilesOf(fc fleet.Config) map[string]string {
 	profiles := map[string]string{}
-	for _, t := range file.Fleet.InstanceTypes {
+	for _, t := range fc.InstanceTypes {
 		profiles[t.Name] = t.Profile
 	}
+	return profiles
+}
+
+func newLocalProvider(cfg Config, fc fleet.Config) (*provider.Local, error) {
 	return provider.NewLocal(provider.LocalConfig{
 		Binary:   cfg.NodeAgentBinary,
-		Profiles: profiles,
+		Profiles: profilesOf(fc),
 		Env: map[string]string{
 			"SHIZU_NATS_URL": cfg.Service.NATS.URL, "SHIZU_NATS_USER": topology.NodeAgent,
 			"SHIZU_NATS_PASSWORD": cfg.AgentNATSPassword, "SHIZU_REDIS_URL": cfg.Service.RedisURL,

@@ -24,6 +24,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/autoscaler/fleet"
 	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
+	"github.com/shizu-gpu/shizu/services/autoscaler/provider/providertest"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/testkit"
@@ -35,7 +36,7 @@ import (
 type env struct {
 	admin *bus.Conn
 	caps  *capacity.Store
-	prov  *provider.Memory
+	prov  *providertest.Memory
 	seen  *recorder
 	redis *testkit.Redis
 	// stop ends the running autoscaler; restart starts it again (same
@@ -103,7 +104,7 @@ func startWith(t testing.TB, file policy.File, mutate func(*app.Config, *app.Dep
 	t.Helper()
 	p := testkit.Platform(t)
 	admin := p.Admin
-	e := &env{admin: admin, caps: p.Capacity(t), prov: provider.NewMemory(), seen: &recorder{msgs: map[string][]*nats.Msg{}}}
+	e := &env{admin: admin, caps: p.Capacity(t), prov: providertest.NewMemory(), seen: &recorder{msgs: map[string][]*nats.Msg{}}}
 	for _, p := range []string{"scale.>", "rental.>", "agent.*.cmd.*"} {
 		e.seen.listen(t, admin.NATS(), p)
 	}
@@ -341,7 +342,7 @@ func TestTrafficShortageAndQuietScaleThePoolAndTheFleet(t *testing.T) {
 		}
 		return nil
 	})
-	if provs := len(slices.DeleteFunc(e.prov.Calls(), func(c provider.Call) bool { return c.Op != "provision" })); provs != 1 {
+	if provs := len(slices.DeleteFunc(e.prov.Calls(), func(c providertest.Call) bool { return c.Op != "provision" })); provs != 1 {
 		t.Fatalf("%d provision calls; the repeated shortage provisioned again", provs)
 	}
 
@@ -553,7 +554,7 @@ func TestAPoolThatProvisionsAheadAsksForNodesWhenTheFleetIsFull(t *testing.T) {
 		}
 		return fmt.Errorf("no provision event for the scale-out")
 	})
-	var provisioned []provider.Call
+	var provisioned []providertest.Call
 	for _, c := range e.prov.Calls() {
 		if c.Op == "provision" {
 			provisioned = append(provisioned, c)

@@ -14,6 +14,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/autoscaler/fleet"
 	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
 	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
+	"github.com/shizu-gpu/shizu/services/autoscaler/provider/providertest"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/testkit"
@@ -61,7 +62,7 @@ func shortage(id string, rentals ...string) *shizuv1.CapacityShortage {
 	}
 }
 
-func provisioned(p *provider.Memory) int {
+func provisioned(p *providertest.Memory) int {
 	n := 0
 	for _, c := range p.Calls() {
 		if c.Op == "provision" {
@@ -76,7 +77,7 @@ func TestTwoReplicasGivenTheSameShortageProvisionOnce(t *testing.T) {
 	e := newReplicaEnv(t, fleetPolicy(8))
 	// Each replica has its own provider, as each process has its own local
 	// provider: only the claims in Redis keep them from both provisioning.
-	provA, provB := provider.NewMemory(), provider.NewMemory()
+	provA, provB := providertest.NewMemory(), providertest.NewMemory()
 	a, b := e.replica(provA), e.replica(provB)
 	// The scheduler reports the same two waiting rentals again and again
 	// (each report is a new event); the reports land on both replicas at
@@ -121,7 +122,7 @@ func TestTwoReplicasGivenTheSameShortageProvisionOnce(t *testing.T) {
 func TestAFailedProvisioningGivesItsClaimBack(t *testing.T) {
 	t.Parallel()
 	e := newReplicaEnv(t, fleetPolicy(8))
-	prov := provider.NewMemory()
+	prov := providertest.NewMemory()
 	s := e.replica(prov)
 	prov.Fail = fmt.Errorf("cloud API down")
 	if err := s.onShortage(t.Context(), shortage("shortage-1", "r1"), bus.Delivery{}); err == nil {
@@ -148,13 +149,13 @@ func TestARestartedReplicaStillKnowsTheNodesItProvisioned(t *testing.T) {
 	file := fleetPolicy(1)
 	file.Fleet.RegisterTimeout = fleet.Duration(time.Second)
 	e := newReplicaEnv(t, file)
-	before := e.replica(provider.NewMemory())
+	before := e.replica(providertest.NewMemory())
 	if err := before.onShortage(t.Context(), shortage("shortage-1", "r1"), bus.Delivery{}); err != nil {
 		t.Fatal(err)
 	}
 	// After a restart the process's local provider knows no node; Redis
 	// does.
-	prov := provider.NewMemory()
+	prov := providertest.NewMemory()
 	after := e.replica(prov)
 	nodes, err := after.fleetNodes(t.Context())
 	if err != nil {

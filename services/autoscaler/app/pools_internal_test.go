@@ -12,7 +12,7 @@ import (
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/autoscaler/policy"
-	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
+	"github.com/shizu-gpu/shizu/services/autoscaler/provider/providertest"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -20,7 +20,7 @@ import (
 func TestAStoredPoolThatNoLongerReadsDoesNotHideTheOthers(t *testing.T) {
 	t.Parallel()
 	e := newReplicaEnv(t, fleetPolicy(1))
-	s := e.replica(provider.NewMemory())
+	s := e.replica(providertest.NewMemory())
 	rdb := e.redis.Client(t)
 	good := `{"seq":1,"tenant":"acme","policy":{"id":"good","tenant":"acme","rental":{"gpu_count":1,"milli_gpu":1000},"min_replicas":1,"max_replicas":2,"max_step_out":1,"max_step_in":1,"target_tracking":{"metric":"requests_per_second_per_replica","value":10}}}`
 	// As if the rules had tightened since it was stored: max below min.

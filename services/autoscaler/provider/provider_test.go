@@ -18,14 +18,14 @@ import (
 func TestMemoryProviderKeepsTheContract(t *testing.T) {
 	t.Parallel()
 	providertest.Run(t, providertest.Subject{
-		New:          func(*testing.T) provider.Provider { return provider.NewMemory() },
+		New:          func(*testing.T) provider.Provider { return providertest.NewMemory() },
 		InstanceType: "p5.48xlarge",
 	})
 }
 
 func TestMemoryProviderRunsOutOfSpot(t *testing.T) {
 	t.Parallel()
-	m := provider.NewMemory()
+	m := providertest.NewMemory()
 	m.SpotCapacity = 1
 	if _, err := m.Provision(t.Context(), "x", provider.Spot, "z", 2); !errors.Is(err, provider.ErrInsufficientCapacity) {
 		t.Fatalf("got %v", err)

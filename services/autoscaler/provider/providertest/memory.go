@@ -1,4 +1,4 @@
-package provider
+package providertest
 
 import (
 	"context"
@@ -7,13 +7,15 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/shizu-gpu/shizu/services/autoscaler/provider"
 )
 
 // Call is one call a Memory provider received.
 type Call struct {
 	Op           string // "provision" or "release"
 	InstanceType string
-	Market       Market
+	Market       provider.Market
 	Zone         string
 	N            int
 	Node         string
@@ -22,11 +24,11 @@ type Call struct {
 
 // Memory is an in-process provider whose nodes are only records: it
 // records every call and can be told to fail. Tests use it where no agent
-// process is wanted.
+// process is wanted; it keeps the contract (Run) like the real ones.
 type Memory struct {
 	mu    sync.Mutex
 	seq   int
-	nodes map[string]Node
+	nodes map[string]provider.Node
 	calls []Call
 	// SpotCapacity bounds spot nodes at once; negative is unlimited.
 	SpotCapacity int
@@ -37,12 +39,12 @@ type Memory struct {
 
 // NewMemory returns an empty in-memory provider with unlimited spot.
 func NewMemory() *Memory {
-	return &Memory{nodes: map[string]Node{}, SpotCapacity: -1, Now: time.Now}
+	return &Memory{nodes: map[string]provider.Node{}, SpotCapacity: -1, Now: time.Now}
 }
 
 // Provision records n nodes.
-func (m *Memory) Provision(ctx context.Context, instanceType string, market Market, zone string, n int) ([]string, error) {
-	if err := CheckCount(n); err != nil {
+func (m *Memory) Provision(ctx context.Context, instanceType string, market provider.Market, zone string, n int) ([]string, error) {
+	if err := provider.CheckCount(n); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -55,24 +57,24 @@ func (m *Memory) Provision(ctx context.Context, instanceType string, market Mark
 		m.mu.Unlock()
 		return nil, err
 	}
-	if market == Spot && m.SpotCapacity >= 0 {
+	if market == provider.Spot && m.SpotCapacity >= 0 {
 		spot := 0
 		for _, nd := range m.nodes {
-			if nd.Market == Spot {
+			if nd.Market == provider.Spot {
 				spot++
 			}
 		}
 		if spot+n > m.SpotCapacity {
 			m.calls = append(m.calls, Call{Op: "provision", InstanceType: instanceType, Market: market, Zone: zone, N: n})
 			m.mu.Unlock()
-			return nil, fmt.Errorf("%w: %d spot nodes asked, %d of %d in use", ErrInsufficientCapacity, n, spot, m.SpotCapacity)
+			return nil, fmt.Errorf("%w: %d spot nodes asked, %d of %d in use", provider.ErrInsufficientCapacity, n, spot, m.SpotCapacity)
 		}
 	}
-	var created []Node
+	var created []provider.Node
 	for range n {
 		m.seq++
-		id := fmt.Sprintf("mem-%s-%d", sanitize(instanceType), m.seq)
-		nd := Node{ID: id, InstanceType: instanceType, Market: market, Zone: zone, CreatedAt: m.Now()}
+		id := fmt.Sprintf("mem-%s-%d", token(instanceType), m.seq)
+		nd := provider.Node{ID: id, InstanceType: instanceType, Market: market, Zone: zone, CreatedAt: m.Now()}
 		m.nodes[id] = nd
 		created = append(created, nd)
 	}
@@ -95,14 +97,14 @@ func (m *Memory) Release(_ context.Context, node string) error {
 }
 
 // List returns the recorded nodes.
-func (m *Memory) List(context.Context) ([]Node, error) {
+func (m *Memory) List(context.Context) ([]provider.Node, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]Node, 0, len(m.nodes))
+	out := make([]provider.Node, 0, len(m.nodes))
 	for _, nd := range m.nodes {
 		out = append(out, nd)
 	}
-	slices.SortFunc(out, func(a, b Node) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b provider.Node) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }
 
@@ -111,4 +113,15 @@ func (m *Memory) Calls() []Call {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Clone(m.calls)
+}
+
+// token makes an instance type a subject token (letters, digits, '-'), as
+// node ids must be.
+func token(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		return '-'
+	}, s)
 }
