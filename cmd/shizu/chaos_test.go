@@ -38,7 +38,7 @@ func TestChaosEndpointAnswersOnlyTheAdmin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Unsubscribe()
+	defer func() { _ = sub.Unsubscribe() }()
 
 	ask := func(nc *nats.Conn, node string, req chaosRequest) (chaosReply, error) {
 		data, _ := json.Marshal(req)

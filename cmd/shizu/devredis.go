@@ -61,8 +61,13 @@ func startDevRedis(port int, dir string, persist bool, log io.Writer) (devRedis,
 	if err := cmd.Start(); err != nil {
 		return r, fmt.Errorf("start redis-server: %w", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// Closed once redis-server has been reaped; its exit status after
+	// our own signal says nothing the caller needs.
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
 	r.url = fmt.Sprintf("redis://127.0.0.1:%d/0", port)
 	r.stop = func() {
 		_ = cmd.Process.Signal(os.Interrupt)

@@ -130,7 +130,10 @@ func startDevWithEnv(t *testing.T, env []string, args ...string) *devProcess {
 		}
 		_ = d.cmd.Process.Signal(syscall.SIGINT)
 		select {
-		case <-d.exited:
+		case err := <-d.exited:
+			if err != nil {
+				t.Logf("shizu dev, stopped after the test: %v", err)
+			}
 		case <-time.After(30 * time.Second):
 			_ = d.cmd.Process.Kill()
 		}

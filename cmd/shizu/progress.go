@@ -116,18 +116,6 @@ func (p *progress) Update(done int, note string) {
 	fmt.Fprintln(p.w, plainLine(p.label, p.done, p.total, now.Sub(p.start), p.note))
 }
 
-// Println prints a line of its own: above the bar on a terminal (which is
-// then drawn again), as is otherwise.
-func (p *progress) Println(msg string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.tty || !p.drawn {
-		fmt.Fprintln(p.w, msg)
-		return
-	}
-	fmt.Fprint(p.w, "\r\x1b[K"+msg+"\n")
-	p.draw()
-}
 
 // Finish ends the display: the bar's line is closed on a terminal.
 func (p *progress) Finish() {

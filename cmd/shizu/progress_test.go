@@ -81,12 +81,10 @@ func TestProgressRedrawsOneLineOnATerminal(t *testing.T) {
 	p.now, p.start, p.tty, p.width = c.now, c.t, true, 60
 	c.t = c.t.Add(time.Second)
 	p.Update(1, "fgd seed 42")
-	p.Println("a result line")
 	c.t = c.t.Add(time.Second)
 	p.Update(2, "fgd seed 43")
 	p.Finish()
 	want := "\rreplay [#####.....] 1/2  50% 1.0s eta 1.0s  fgd seed 42\x1b[K" +
-		"\r\x1b[Ka result line\n\rreplay [#####.....] 1/2  50% 1.0s eta 1.0s  fgd seed 42\x1b[K" +
 		"\rreplay [##########] 2/2 100% 2.0s  fgd seed 43\x1b[K\n"
 	if buf.String() != want {
 		t.Fatalf("got  %q\nwant %q", buf.String(), want)

@@ -25,7 +25,7 @@ import (
 // insufficient-capacity answer names the same GPU, resource and amounts.
 func sameOutcome(got, want error) error {
 	if (got == nil) != (want == nil) {
-		return fmt.Errorf("store says %v, model %v", got, want)
+		return fmt.Errorf("store says %s, model %s", errText(got), errText(want))
 	}
 	if got == nil {
 		return nil
@@ -33,19 +33,19 @@ func sameOutcome(got, want error) error {
 	var gi, wi *capacity.InsufficientError
 	if errors.As(want, &wi) {
 		if !errors.As(got, &gi) || *gi != *wi {
-			return fmt.Errorf("store says %v, model %v", got, want)
+			return fmt.Errorf("store says %s, model %s", errText(got), errText(want))
 		}
 		return nil
 	}
 	for _, kind := range []error{capacity.ErrNotFound, capacity.ErrConflict, capacity.ErrFenced, capacity.ErrInvalid, capacity.ErrInsufficient} {
 		if errors.Is(want, kind) {
 			if !errors.Is(got, kind) {
-				return fmt.Errorf("store says %v, model %v", got, want)
+				return fmt.Errorf("store says %s, model %s", errText(got), errText(want))
 			}
 			return nil
 		}
 	}
-	return fmt.Errorf("model answered an error of no kind: %v", want)
+	return fmt.Errorf("model answered an error of no kind: %w", want)
 }
 
 // placements drops what only one store can know (creation times).
@@ -269,4 +269,12 @@ func TestStoreMatchesModel(t *testing.T) {
 			},
 		})
 	})
+}
+
+// errText is err's message, or "no error" for nil.
+func errText(err error) string {
+	if err == nil {
+		return "no error"
+	}
+	return err.Error()
 }

@@ -7,7 +7,6 @@
 package gpumodel
 
 import (
-	"fmt"
 	"slices"
 	"sort"
 )
@@ -73,16 +72,4 @@ func Lookup(token string) (Model, bool) {
 		}
 	}
 	return Model{}, false
-}
-
-// MustKnow returns an error naming the known tokens when token is unknown.
-func MustKnow(token string) error {
-	if _, ok := Lookup(token); ok {
-		return nil
-	}
-	names := make([]string, 0, len(models))
-	for _, m := range All() {
-		names = append(names, m.Token)
-	}
-	return fmt.Errorf("unknown GPU model %q; known models: %v", token, names)
 }

@@ -21,7 +21,7 @@ func TestEveryTokenIsASubjectTokenNamingItsMemory(t *testing.T) {
 	if _, ok := gpumodel.Lookup(gpumodel.H100SXM80); !ok {
 		t.Fatal("H100 missing")
 	}
-	if err := gpumodel.MustKnow("h100-sxm"); err == nil || !strings.Contains(err.Error(), gpumodel.H100SXM80) {
-		t.Fatalf("unknown model error %v does not list the known ones", err)
+	if _, ok := gpumodel.Lookup("h100-sxm"); ok {
+		t.Fatal("a token that is not a model's was found")
 	}
 }

@@ -171,11 +171,6 @@ func (t *Telemetry) Propagator() propagation.TextMapPropagator { return t.prop }
 // carry trace_id and span_id.
 func (t *Telemetry) Logger() *slog.Logger { return t.logger }
 
-// Tracer returns a tracer of the service's provider.
-func (t *Telemetry) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
-	return t.tp.Tracer(name, opts...)
-}
-
 // Meter returns a meter of the service's provider.
 func (t *Telemetry) Meter(name string, opts ...metric.MeterOption) metric.Meter {
 	return t.mp.Meter(name, opts...)

@@ -61,7 +61,7 @@ func TestSetupExportsOverOTLPHTTP(t *testing.T) {
 			tel, err := telemetry.Setup(t.Context(), tt.config(col.URL))
 			require.NoError(t, err)
 
-			_, span := tel.Tracer("shizu.test").Start(t.Context(), "place")
+			_, span := tel.TracerProvider().Tracer("shizu.test").Start(t.Context(), "place")
 			span.End()
 			c, err := tel.Meter("shizu.test").Int64Counter("shizu.test.rentals")
 			require.NoError(t, err)
@@ -89,7 +89,7 @@ func TestShutdownReturnsByTheDeadlineWhenTheCollectorIsDown(t *testing.T) {
 				ServiceName: "scheduler", OTLPEndpoint: addr(t), OTLPInsecure: true,
 			})
 			require.NoError(t, err)
-			_, span := tel.Tracer("shizu.test").Start(t.Context(), "place")
+			_, span := tel.TracerProvider().Tracer("shizu.test").Start(t.Context(), "place")
 			span.End()
 
 			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
@@ -124,7 +124,7 @@ func TestLoggerAddsTheSpansTraceIDs(t *testing.T) {
 			t.Parallel()
 			var buf bytes.Buffer
 			tel := setup(t, telemetry.Config{ServiceName: "scheduler", LogWriter: &buf})
-			ctx, span := tel.Tracer("shizu.test").Start(t.Context(), "place")
+			ctx, span := tel.TracerProvider().Tracer("shizu.test").Start(t.Context(), "place")
 			defer span.End()
 
 			tt.log(ctx, tel.Logger())
@@ -145,7 +145,7 @@ func TestTextLoggerAddsTraceIDsOnlyInsideASpan(t *testing.T) {
 	tel.Logger().InfoContext(t.Context(), "outside")
 	assert.NotContains(t, buf.String(), "trace_id")
 
-	ctx, span := tel.Tracer("shizu.test").Start(t.Context(), "place")
+	ctx, span := tel.TracerProvider().Tracer("shizu.test").Start(t.Context(), "place")
 	defer span.End()
 	tel.Logger().InfoContext(ctx, "inside")
 	assert.Contains(t, buf.String(), "trace_id="+span.SpanContext().TraceID().String())

@@ -50,22 +50,27 @@ func startRedisOn(t testing.TB, bin string, port int) (*Redis, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// waitErr is read only after exited is closed.
+	var waitErr error
+	exited := make(chan struct{})
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
 	r := &Redis{Addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd}
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
 	defer rdb.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 		err := rdb.Ping(ctx).Err()
 		cancel()
 		if err == nil {
 			break
 		}
 		select {
-		case werr := <-exited:
-			return nil, fmt.Errorf("redis-server on port %d exited: %w", port, werr)
+		case <-exited:
+			return nil, fmt.Errorf("redis-server on port %d exited: %w", port, waitErr)
 		default:
 		}
 		if time.Now().After(deadline) {

@@ -136,28 +136,10 @@ func Run(ctx context.Context, cfg Config) error { return RunWith(ctx, cfg, Deps{
 // traffic samples, capacity shortages and telemetry, and ticks pools and
 // the fleet every cfg.Tick.
 func RunWith(ctx context.Context, cfg Config, deps Deps) error {
-	var file policy.File
-	if deps.Policy != nil {
-		file = *deps.Policy
-		if err := file.Validate(); err != nil {
-			return fmt.Errorf("autoscaler policy:\n%w", err)
-		}
-	} else {
-		var err error
-		if file, err = loadPolicy(cfg.PolicyFile); err != nil {
-			return err
-		}
+	file, err := resolve(&cfg, &deps)
+	if err != nil {
+		return err
 	}
-	if deps.Now == nil {
-		deps.Now = time.Now
-	}
-	if cfg.KeyPrefix == "" {
-		cfg.KeyPrefix = "shizu"
-	}
-	if cfg.Tick <= 0 {
-		cfg.Tick = DefaultConfig().Tick
-	}
-	svc, _ := topology.ServiceNamed(topology.Autoscaler)
 	return service.Run(ctx, cfg.Service, func(ctx context.Context, rt *service.Runtime) ([]service.Part, error) {
 		if rt.Redis == nil {
 			return nil, errors.New("autoscaler: redis.url is required")
@@ -175,36 +157,10 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 			return nil, err
 		}
 		s := newScaler(rt.Bus, rt.Redis, cfg.KeyPrefix, caps, prov, file, deps.Now, rt.Log, m)
-		routers := map[string]*bus.Router{}
-		traffic := bus.NewRouter()
-		bus.On(traffic, s.onSample)
-		routers["autoscaler-traffic"] = traffic
-		shortage := bus.NewRouter()
-		bus.On(shortage, s.onShortage)
-		routers["autoscaler-shortage"] = shortage
-		pools := bus.NewRouter()
-		bus.On(pools, s.onPoolDeclared)
-		routers["autoscaler-pools"] = pools
-		telemetry := bus.NewRouter()
-		bus.On(telemetry, s.onTelemetry)
-		routers["autoscaler-telemetry"] = telemetry
-		rentals := bus.NewRouter()
-		bus.On(rentals, s.onRentalRejected)
-		bus.On(rentals, s.onRentalStopped)
-		routers["autoscaler-rentals"] = rentals
-		if err := service.EnsureConsumers(ctx, rt, svc.Consumers...); err != nil {
+		subs, err := consume(ctx, rt, s)
+		parts = append(parts, subs...)
+		if err != nil {
 			return parts, err
-		}
-		for _, c := range svc.Consumers {
-			r, ok := routers[c.Durable]
-			if !ok {
-				return parts, fmt.Errorf("autoscaler: no handler for declared consumer %s", c.Durable)
-			}
-			sub, err := rt.Bus.Consume(ctx, c, r, bus.ConsumeOptions{})
-			if err != nil {
-				return parts, err
-			}
-			parts = append(parts, service.Subscription{Subscription: sub})
 		}
 		parts = append(parts, service.StartLoop(ctx, cfg.Tick, func(ctx context.Context, _ time.Time) {
 			now := s.now() // the injected clock, not the ticker's
@@ -215,6 +171,69 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 		}))
 		return parts, nil
 	})
+}
+
+// resolve fills cfg's and deps' defaults and returns the policy: deps.Policy
+// when given, else the file at cfg.PolicyFile.
+func resolve(cfg *Config, deps *Deps) (policy.File, error) {
+	var file policy.File
+	if deps.Policy != nil {
+		file = *deps.Policy
+		if err := file.Validate(); err != nil {
+			return file, fmt.Errorf("autoscaler policy:\n%w", err)
+		}
+	} else {
+		var err error
+		if file, err = loadPolicy(cfg.PolicyFile); err != nil {
+			return file, err
+		}
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = "shizu"
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = DefaultConfig().Tick
+	}
+	return file, nil
+}
+
+// consume starts one subscription per consumer the topology declares for
+// the autoscaler, each delivering to s's handlers for it.
+func consume(ctx context.Context, rt *service.Runtime, s *scaler) ([]service.Part, error) {
+	routes := map[string][]func(*bus.Router){
+		"autoscaler-traffic":   {func(r *bus.Router) { bus.On(r, s.onSample) }},
+		"autoscaler-shortage":  {func(r *bus.Router) { bus.On(r, s.onShortage) }},
+		"autoscaler-pools":     {func(r *bus.Router) { bus.On(r, s.onPoolDeclared) }},
+		"autoscaler-telemetry": {func(r *bus.Router) { bus.On(r, s.onTelemetry) }},
+		"autoscaler-rentals": {
+			func(r *bus.Router) { bus.On(r, s.onRentalRejected) },
+			func(r *bus.Router) { bus.On(r, s.onRentalStopped) },
+		},
+	}
+	svc, _ := topology.ServiceNamed(topology.Autoscaler)
+	if err := service.EnsureConsumers(ctx, rt, svc.Consumers...); err != nil {
+		return nil, err
+	}
+	var parts []service.Part
+	for _, c := range svc.Consumers {
+		handlers, ok := routes[c.Durable]
+		if !ok {
+			return parts, fmt.Errorf("autoscaler: no handler for declared consumer %s", c.Durable)
+		}
+		r := bus.NewRouter()
+		for _, on := range handlers {
+			on(r)
+		}
+		sub, err := rt.Bus.Consume(ctx, c, r, bus.ConsumeOptions{})
+		if err != nil {
+			return parts, err
+		}
+		parts = append(parts, service.Subscription{Subscription: sub})
+	}
+	return parts, nil
 }
 
 // newScaler builds the scaler of one replica; everything it shares with

@@ -338,7 +338,7 @@ func TestTrafficShortageAndQuietScaleThePoolAndTheFleet(t *testing.T) {
 	}
 	testkit.Eventually(t, 10*time.Second, func() error {
 		if _, err := e.caps.Node(t.Context(), idleNode); !errors.Is(err, capacity.ErrNotFound) {
-			return fmt.Errorf("released node still in the capacity store: %v", err)
+			return fmt.Errorf("released node still in the capacity store (lookup answered %s)", errText(err))
 		}
 		return nil
 	})
@@ -524,7 +524,7 @@ func TestAShortageStartsLocalAgentsThatRegisterAndIdleOnesAreDrainedAndStopped(t
 	}
 	testkit.Eventually(t, 10*time.Second, func() error {
 		if _, err := e.caps.Node(t.Context(), node); !errors.Is(err, capacity.ErrNotFound) {
-			return fmt.Errorf("released node still in the capacity store: %v", err)
+			return fmt.Errorf("released node still in the capacity store (lookup answered %s)", errText(err))
 		}
 		return nil
 	})
@@ -628,4 +628,12 @@ func TestARejectedPoolReplicaIsForgottenAndReplaced(t *testing.T) {
 	if n := len(e.rentalEvents(t, "requested")); n != 2 {
 		t.Fatalf("%d requests; the other tenant's rejection must not count", n)
 	}
+}
+
+// errText is err's message, or "no error" for nil.
+func errText(err error) string {
+	if err == nil {
+		return "no error"
+	}
+	return err.Error()
 }

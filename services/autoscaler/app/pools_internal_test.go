@@ -102,7 +102,7 @@ func TestASampleOrTickThatReadThePolicyBeforeAWithdrawalRequestsNoReplica(t *tes
 	if got := e.requestedRentals("globex"); len(got) != 2 {
 		t.Errorf("requested %v; a withdrawn pool got replicas back", got)
 	}
-	rec, err := s.states.get(ctx, "api")
+	rec, err := s.states.read(ctx, s.states.rdb, s.states.key("api"))
 	if err != nil {
 		t.Fatal(err)
 	}

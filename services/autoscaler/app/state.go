@@ -96,8 +96,3 @@ func (s stateStore) read(ctx context.Context, c redis.Cmdable, key string) (pool
 	}
 	return rec, nil
 }
-
-// get reads a pool's record.
-func (s stateStore) get(ctx context.Context, pool string) (poolRecord, error) {
-	return s.read(ctx, s.rdb, s.key(pool))
-}

@@ -3,6 +3,7 @@ package burst_test
 import (
 	"bytes"
 	"encoding/xml"
+	"errors"
 	"io"
 	"math"
 	"os"
@@ -139,7 +140,7 @@ func TestTheBurstPlotIsWellFormedSVG(t *testing.T) {
 	polylines := 0
 	for {
 		tok, err := dec.Token()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/shizu-gpu/shizu/shared/rent"
@@ -61,10 +60,4 @@ func MarkSpotShort(p Pool, st State, now time.Time) State {
 		st.SpotShortUntil = until
 	}
 	return st
-}
-
-// String describes the market choice.
-func (d Decision) String() string {
-	return fmt.Sprintf("%s: %d -> %d by %s (%s %.2f vs %.2f): %s; new replicas on %s (%s)",
-		d.Pool, d.From, d.To, d.Rule, d.Metric, d.Observed, d.Threshold, d.Reason, d.Market, d.MarketRule)
 }

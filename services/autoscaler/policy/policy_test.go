@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -73,7 +74,7 @@ func TestHysteresisPreventsFlapping(t *testing.T) {
 			for _, l := range c.levels {
 				d, next := step(p, st, clk.advance(time.Minute), l)
 				if d.Changed() {
-					changes = append(changes, d.String())
+					changes = append(changes, describe(d))
 				}
 				st = next
 			}
@@ -395,4 +396,10 @@ func TestDecisionsStayWithinBoundsProperty(t *testing.T) {
 			}
 		}
 	})
+}
+
+// describe is one line naming a decision's change, its rule and market.
+func describe(d policy.Decision) string {
+	return fmt.Sprintf("%s: %d -> %d by %s (%s %.2f vs %.2f): %s; new replicas on %s (%s)",
+		d.Pool, d.From, d.To, d.Rule, d.Metric, d.Observed, d.Threshold, d.Reason, d.Market, d.MarketRule)
 }

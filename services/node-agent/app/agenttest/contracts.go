@@ -203,86 +203,98 @@ func validNode(id string) capacity.Node {
 // registering brings a fenced node back, a drain outlives a registration,
 // and what is not there is not found.
 func RunNodeRecordsContract(t *testing.T, open func(t *testing.T) NodeRecordsUnderTest) {
-	register := func(t *testing.T, r NodeRecords, id string, want uint64) {
-		t.Helper()
-		if epoch, err := r.Register(t.Context(), validNode(id)); err != nil || epoch != want {
-			t.Fatalf("register %s = epoch %d, %v; want %d", id, epoch, err, want)
+	for _, c := range []struct {
+		name string
+		run  func(t *testing.T, u NodeRecordsUnderTest)
+	}{
+		{"a new node is ready at epoch 1 and a registration again keeps its epoch and allocations", recordsRestart},
+		{"what is not there is not found", recordsNotFound},
+		{"a fenced node's allocations are never renewed and registering brings the node back", recordsFence},
+		{"a drain outlives a registration and is refused at a stale epoch", recordsDrain},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.run(t, open(t)) })
+	}
+}
+
+func registerNode(t *testing.T, r NodeRecords, id string, want uint64) {
+	t.Helper()
+	if epoch, err := r.Register(t.Context(), validNode(id)); err != nil || epoch != want {
+		t.Fatalf("register %s = epoch %d, %v; want %d", id, epoch, err, want)
+	}
+}
+
+func nodeIs(t *testing.T, r NodeRecords, id string, status capacity.NodeStatus, epoch uint64) {
+	t.Helper()
+	st, err := r.Node(t.Context(), id)
+	if err != nil || st.Status != status || st.Epoch != epoch {
+		t.Fatalf("node %s = %s at epoch %d (%v), want %s at %d", id, st.Status, st.Epoch, err, status, epoch)
+	}
+}
+
+func recordsRestart(t *testing.T, u NodeRecordsUnderTest) {
+	registerNode(t, u.Records, "nr-1", 1)
+	nodeIs(t, u.Records, "nr-1", capacity.StatusReady, 1)
+	u.Reserve(t, "r-1", "nr-1", 1)
+	registerNode(t, u.Records, "nr-1", 1)
+	if err := u.Records.Renew(t.Context(), "r-1", "nr-1", 1); err != nil {
+		t.Fatalf("renew after a clean restart: %v", err)
+	}
+	allocs, err := u.Records.Allocations(t.Context(), "nr-1")
+	if err != nil || len(allocs) != 1 || allocs[0].RentalID != "r-1" || allocs[0].Epoch != 1 {
+		t.Fatalf("allocations = %+v, %v", allocs, err)
+	}
+}
+
+func recordsNotFound(t *testing.T, u NodeRecordsUnderTest) {
+	if _, err := u.Records.Node(t.Context(), "nr-none"); !capacity.IsNotFound(err) {
+		t.Fatalf("node of no such node: %v", err)
+	}
+	if err := u.Records.Renew(t.Context(), "r-1", "nr-none", 1); !capacity.IsNotFound(err) {
+		t.Fatalf("renew on no such node: %v", err)
+	}
+	registerNode(t, u.Records, "nr-2", 1)
+	if err := u.Records.Renew(t.Context(), "r-none", "nr-2", 1); !capacity.IsNotFound(err) {
+		t.Fatalf("renew of no such allocation: %v", err)
+	}
+	if allocs, err := u.Records.Allocations(t.Context(), "nr-2"); err != nil || len(allocs) != 0 {
+		t.Fatalf("allocations of an empty node = %+v, %v", allocs, err)
+	}
+}
+
+func recordsFence(t *testing.T, u NodeRecordsUnderTest) {
+	registerNode(t, u.Records, "nr-3", 1)
+	u.Reserve(t, "r-3", "nr-3", 1)
+	u.Fence(t, "nr-3", 1)
+	nodeIs(t, u.Records, "nr-3", capacity.StatusDead, 2)
+	if err := u.Records.Renew(t.Context(), "r-3", "nr-3", 1); !capacity.IsFenced(err) {
+		t.Fatalf("renew on a dead node: %v", err)
+	}
+	if err := u.Records.SetStatus(t.Context(), "nr-3", capacity.StatusDraining, 2); !capacity.IsFenced(err) {
+		t.Fatalf("drain of a dead node: %v", err)
+	}
+	registerNode(t, u.Records, "nr-3", 2)
+	nodeIs(t, u.Records, "nr-3", capacity.StatusReady, 2)
+	for _, epoch := range []uint64{1, 2} {
+		if err := u.Records.Renew(t.Context(), "r-3", "nr-3", epoch); !capacity.IsFenced(err) {
+			t.Fatalf("renew of an allocation from before the fence at epoch %d: %v", epoch, err)
 		}
 	}
-	state := func(t *testing.T, r NodeRecords, id string, status capacity.NodeStatus, epoch uint64) capacity.NodeState {
-		t.Helper()
-		st, err := r.Node(t.Context(), id)
-		if err != nil || st.Status != status || st.Epoch != epoch {
-			t.Fatalf("node %s = %s at epoch %d (%v), want %s at %d", id, st.Status, st.Epoch, err, status, epoch)
-		}
-		return st
+	if allocs, err := u.Records.Allocations(t.Context(), "nr-3"); err != nil || len(allocs) != 1 || allocs[0].RentalID != "r-3" {
+		t.Fatalf("a fenced allocation stays recorded until released: %+v, %v", allocs, err)
 	}
-	t.Run("a new node is ready at epoch 1 and a registration again keeps its epoch and allocations", func(t *testing.T) {
-		u := open(t)
-		register(t, u.Records, "nr-1", 1)
-		state(t, u.Records, "nr-1", capacity.StatusReady, 1)
-		u.Reserve(t, "r-1", "nr-1", 1)
-		register(t, u.Records, "nr-1", 1)
-		if err := u.Records.Renew(t.Context(), "r-1", "nr-1", 1); err != nil {
-			t.Fatalf("renew after a clean restart: %v", err)
+}
+
+func recordsDrain(t *testing.T, u NodeRecordsUnderTest) {
+	registerNode(t, u.Records, "nr-4", 1)
+	for range 2 { // setting the status a node has changes nothing
+		if err := u.Records.SetStatus(t.Context(), "nr-4", capacity.StatusDraining, 1); err != nil {
+			t.Fatal(err)
 		}
-		allocs, err := u.Records.Allocations(t.Context(), "nr-1")
-		if err != nil || len(allocs) != 1 || allocs[0].RentalID != "r-1" || allocs[0].Epoch != 1 {
-			t.Fatalf("allocations = %+v, %v", allocs, err)
-		}
-	})
-	t.Run("what is not there is not found", func(t *testing.T) {
-		u := open(t)
-		if _, err := u.Records.Node(t.Context(), "nr-none"); !capacity.IsNotFound(err) {
-			t.Fatalf("node of no such node: %v", err)
-		}
-		if err := u.Records.Renew(t.Context(), "r-1", "nr-none", 1); !capacity.IsNotFound(err) {
-			t.Fatalf("renew on no such node: %v", err)
-		}
-		register(t, u.Records, "nr-2", 1)
-		if err := u.Records.Renew(t.Context(), "r-none", "nr-2", 1); !capacity.IsNotFound(err) {
-			t.Fatalf("renew of no such allocation: %v", err)
-		}
-		if allocs, err := u.Records.Allocations(t.Context(), "nr-2"); err != nil || len(allocs) != 0 {
-			t.Fatalf("allocations of an empty node = %+v, %v", allocs, err)
-		}
-	})
-	t.Run("a fenced node's allocations are never renewed and registering brings the node back", func(t *testing.T) {
-		u := open(t)
-		register(t, u.Records, "nr-3", 1)
-		u.Reserve(t, "r-3", "nr-3", 1)
-		u.Fence(t, "nr-3", 1)
-		state(t, u.Records, "nr-3", capacity.StatusDead, 2)
-		if err := u.Records.Renew(t.Context(), "r-3", "nr-3", 1); !capacity.IsFenced(err) {
-			t.Fatalf("renew on a dead node: %v", err)
-		}
-		if err := u.Records.SetStatus(t.Context(), "nr-3", capacity.StatusDraining, 2); !capacity.IsFenced(err) {
-			t.Fatalf("drain of a dead node: %v", err)
-		}
-		register(t, u.Records, "nr-3", 2)
-		state(t, u.Records, "nr-3", capacity.StatusReady, 2)
-		for _, epoch := range []uint64{1, 2} {
-			if err := u.Records.Renew(t.Context(), "r-3", "nr-3", epoch); !capacity.IsFenced(err) {
-				t.Fatalf("renew of an allocation from before the fence at epoch %d: %v", epoch, err)
-			}
-		}
-		if allocs, err := u.Records.Allocations(t.Context(), "nr-3"); err != nil || len(allocs) != 1 || allocs[0].RentalID != "r-3" {
-			t.Fatalf("a fenced allocation stays recorded until released: %+v, %v", allocs, err)
-		}
-	})
-	t.Run("a drain outlives a registration and is refused at a stale epoch", func(t *testing.T) {
-		u := open(t)
-		register(t, u.Records, "nr-4", 1)
-		for range 2 { // setting the status a node has changes nothing
-			if err := u.Records.SetStatus(t.Context(), "nr-4", capacity.StatusDraining, 1); err != nil {
-				t.Fatal(err)
-			}
-		}
-		register(t, u.Records, "nr-4", 1)
-		state(t, u.Records, "nr-4", capacity.StatusDraining, 1)
-		if err := u.Records.SetStatus(t.Context(), "nr-4", capacity.StatusReady, 7); !capacity.IsConflict(err) {
-			t.Fatalf("status at a stale epoch: %v", err)
-		}
-		state(t, u.Records, "nr-4", capacity.StatusDraining, 1)
-	})
+	}
+	registerNode(t, u.Records, "nr-4", 1)
+	nodeIs(t, u.Records, "nr-4", capacity.StatusDraining, 1)
+	if err := u.Records.SetStatus(t.Context(), "nr-4", capacity.StatusReady, 7); !capacity.IsConflict(err) {
+		t.Fatalf("status at a stale epoch: %v", err)
+	}
+	nodeIs(t, u.Records, "nr-4", capacity.StatusDraining, 1)
 }

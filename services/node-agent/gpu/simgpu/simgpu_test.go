@@ -294,8 +294,8 @@ func TestEveryProfileReportsAModelTheCatalogueKnows(t *testing.T) {
 			t.Fatalf("%s: %v", profile, err)
 		}
 		for _, d := range inv.Devices {
-			if err := gpumodel.MustKnow(d.Model); err != nil {
-				t.Errorf("profile %s: %v", profile, err)
+			if _, ok := gpumodel.Lookup(d.Model); !ok {
+				t.Errorf("profile %s: unknown GPU model %q", profile, d.Model)
 			}
 			if m, _ := gpumodel.Lookup(d.Model); m.VRAMMiB != 0 && d.Model != "" && abs(m.VRAMMiB-d.VRAMMiB) > m.VRAMMiB/20 {
 				t.Errorf("profile %s: %s has %d MiB, the catalogue says %d", profile, d.Model, d.VRAMMiB, m.VRAMMiB)
