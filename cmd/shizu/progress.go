@@ -116,7 +116,6 @@ func (p *progress) Update(done int, note string) {
 	fmt.Fprintln(p.w, plainLine(p.label, p.done, p.total, now.Sub(p.start), p.note))
 }
 
-
 // Finish ends the display: the bar's line is closed on a terminal.
 func (p *progress) Finish() {
 	p.mu.Lock()
