@@ -120,8 +120,18 @@ func nodesFrom(snap capacity.Snapshot, h nodeHealth, telemetry map[string]*shizu
 			if w := healths[int32(g.Index)]; w != "" {
 				gh = w
 			}
+			if free.Health != "" {
+				gh = string(free.Health) // the store's mark is what placement obeys
+			}
+			// Free is what a rental could get: nothing on a GPU that is not
+			// healthy or on a node that takes no new work (draining, dead).
+			takes := free.Healthy() && n.Status == capacity.StatusReady
+			freeMilli, freeVRAM := free.Milli, free.VRAMMiB
+			if !takes {
+				freeMilli, freeVRAM = 0, 0
+			}
 			gv := gpuView{Index: g.Index, Model: g.Model, UsedMilli: capacity.MilliPerGPU - free.Milli, VRAMMiB: g.VRAMMiB,
-				FreeVRAM: free.VRAMMiB, Sharers: free.Sharers, Health: gh, Rentals: users[g.Index], Utilization: -1, VRAMUsed: -1}
+				FreeVRAM: freeVRAM, Sharers: free.Sharers, Health: gh, Rentals: users[g.Index], Utilization: -1, VRAMUsed: -1}
 			if tel := telemetry[n.ID]; tel != nil && uint64(tel.GetEpoch()) == n.Epoch {
 				for _, s := range tel.GetGpus() {
 					if int(s.GetGpuIndex()) == g.Index {
@@ -130,7 +140,7 @@ func nodesFrom(snap capacity.Snapshot, h nodeHealth, telemetry map[string]*shizu
 				}
 			}
 			v.GPUs = append(v.GPUs, gv)
-			v.FreeMilli += free.Milli
+			v.FreeMilli += freeMilli
 			v.TotalMilli += capacity.MilliPerGPU
 			if v.Model == "" {
 				v.Model = g.Model

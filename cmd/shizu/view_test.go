@@ -257,6 +257,35 @@ func TestNodesJoinCapacityAndHealth(t *testing.T) {
 	}
 }
 
+func TestNodesCountNoFreeCapacityOnFailedGPUsOrNodesThatTakeNoWork(t *testing.T) {
+	t.Parallel()
+	gpus := []capacity.GPU{{Index: 0, Model: "H100-SXM5-80GB", VRAMMiB: 81559}, {Index: 1, Model: "H100-SXM5-80GB", VRAMMiB: 81559}}
+	whole := func(i int, h capacity.GPUHealth) capacity.FreeGPU {
+		return capacity.FreeGPU{Index: i, Milli: 1000, VRAMMiB: 81559, Health: h}
+	}
+	snap := capacity.Snapshot{Nodes: []capacity.NodeState{
+		{Node: capacity.Node{ID: "n1", GPUs: gpus}, Status: capacity.StatusReady, Epoch: 1,
+			FreeGPUs: []capacity.FreeGPU{whole(0, capacity.HealthFailed), whole(1, "")}},
+		{Node: capacity.Node{ID: "n2", GPUs: gpus}, Status: capacity.StatusDraining, Epoch: 1,
+			FreeGPUs: []capacity.FreeGPU{whole(0, ""), whole(1, "")}},
+		{Node: capacity.Node{ID: "n3", GPUs: gpus}, Status: capacity.StatusDead, Epoch: 2,
+			FreeGPUs: []capacity.FreeGPU{whole(0, ""), whole(1, "")}},
+	}}
+	// No health events at all: the store's mark alone must count.
+	ns := nodesFrom(snap, foldNodeEvents(nil), nil)
+	if len(ns) != 3 {
+		t.Fatalf("%d nodes", len(ns))
+	}
+	if n := ns[0]; n.FreeMilli != 1000 || n.GPUs[0].Health != "failed" || n.GPUs[0].FreeVRAM != 0 || n.GPUs[1].FreeVRAM != 81559 {
+		t.Errorf("a failed GPU counted as free: %+v", n)
+	}
+	for _, n := range ns[1:] {
+		if n.FreeMilli != 0 || n.GPUs[0].FreeVRAM != 0 {
+			t.Errorf("%s node counted free capacity: %+v", n.Status, n)
+		}
+	}
+}
+
 func TestClientResolvesCredentialsFromTheDevEnvFile(t *testing.T) {
 	dir := t.TempDir()
 	env := "export SHIZU_NATS_URL=nats://127.0.0.1:1\nexport SHIZU_NATS_USER=admin\nexport SHIZU_NATS_PASSWORD=secret\nexport SHIZU_REDIS_URL=redis://127.0.0.1:2/0\n"
