@@ -117,7 +117,8 @@ func (s *devStack) wait(ctx context.Context) error {
 }
 
 // openDataDir makes the data folder (a temporary one with -ephemeral,
-// removed at exit) and opens the service log in it.
+// removed at exit), takes its lock (one shizu dev a folder) and opens the
+// service log in it.
 func (s *devStack) openDataDir(context.Context) error {
 	dir := s.o.dataDir
 	if s.o.ephemeral {
@@ -135,6 +136,11 @@ func (s *devStack) openDataDir(context.Context) error {
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		return fmt.Errorf("data folder: %w", err)
 	}
+	unlock, err := lockDataDir(dataDir)
+	if err != nil {
+		return err
+	}
+	s.onStop(unlock)
 	s.dataDir, s.logPath = dataDir, filepath.Join(dataDir, "shizu.log")
 	if s.logFile, err = os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
 		return fmt.Errorf("log file: %w", err)
