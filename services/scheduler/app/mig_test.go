@@ -1,7 +1,6 @@
 package app_test
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -53,6 +52,12 @@ func TestMIGRentalsGetTheirOwnExistingInstance(t *testing.T) {
 			return fmt.Errorf("%d 1g.10gb scheduled, %d pending; big pending %d; frac scheduled %d",
 				placed, waiting, len(o.pending["big"]), len(o.scheduled["frac"]))
 		}
+		// The start command follows its RentalScheduled on another
+		// subject: wait for it too before counting (the count below
+		// still catches a second start).
+		if starts := o.starts["m0"] + o.starts["m1"] + o.starts["m2"]; starts < placed {
+			return fmt.Errorf("%d start commands for %d placed MIG rentals", starts, placed)
+		}
 		return nil
 	})
 	e.seen.mu.Lock()
@@ -87,7 +92,7 @@ func TestMIGRentalsGetTheirOwnExistingInstance(t *testing.T) {
 	if free := st.FreeGPUs[0].FreeMIGInstances; len(free) != 1 || free[0] != "MIG-n1-0-c" {
 		t.Errorf("free instances in the store: %v", free)
 	}
-	if e.seen.starts["m0"]+e.seen.starts["m1"]+e.seen.starts["m2"] != 2 {
-		t.Error(errors.New("want one start command per placed MIG rental"))
+	if n := e.seen.starts["m0"] + e.seen.starts["m1"] + e.seen.starts["m2"]; n != 2 {
+		t.Errorf("%d start commands; want one per placed MIG rental (2)", n)
 	}
 }
