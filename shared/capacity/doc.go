@@ -10,8 +10,11 @@
 // retry", never a double booking. Reserve and [Store.Release] are idempotent
 // per rental id, so a caller that lost the reply can simply ask again.
 //
-// Redis is the fast, rebuildable view; JetStream is the system of record. If
-// Redis loses its data, node agents re-register and the rentals are replayed.
+// JetStream is the system of record for events; this store is the live view
+// of what is allocated. Nothing rebuilds it from JetStream yet: if Redis loses
+// its data, node agents re-register as empty nodes and stop workloads whose
+// allocations are gone. Deployments therefore run Redis with an append-only
+// file (docs/deploy.md, "Losing Redis").
 //
 // # Capacity units
 //
