@@ -4,21 +4,45 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/proto"
+
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
-// stoppedOf waits for rental's RentalStopped.
+// stoppedOf waits for rental's RentalStopped (among every stop on the
+// tenant's subject: other tests' rentals share it).
 func stoppedOf(t *testing.T, e *env, rental string) *shizuv1.RentalStopped {
 	t.Helper()
-	return await(t, e, topology.StreamRentals, "rental.acme.stopped", func(ev *shizuv1.RentalStopped) error {
-		if ev.GetRentalId() != rental {
-			return errors.New("no stop of " + rental + " yet")
+	return eventOf[*shizuv1.RentalStopped](t, e, "rental.acme.stopped", rental)
+}
+
+// startedOf waits for rental's RentalStarted.
+func startedOf(t *testing.T, e *env, rental string) *shizuv1.RentalStarted {
+	t.Helper()
+	return eventOf[*shizuv1.RentalStarted](t, e, "rental.acme.started", rental)
+}
+
+func eventOf[E interface {
+	proto.Message
+	GetRentalId() string
+}](t *testing.T, e *env, subj, rental string) E {
+	t.Helper()
+	var got E
+	testkit.Eventually(t, 20*time.Second, func() error {
+		for _, ev := range all[E](t, e, topology.StreamRentals, subj) {
+			if ev.GetRentalId() == rental {
+				got = ev
+				return nil
+			}
 		}
-		return nil
+		return errors.New("no " + subj + " of " + rental + " yet")
 	})
+	return got
 }
 
 // A workload prints what it likes: a tqdm bar of █ (three bytes each) cut

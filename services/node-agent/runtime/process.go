@@ -61,7 +61,10 @@ type record struct {
 	StartedBoot time.Duration `json:"started_boot_ns,omitempty"`
 	BootID      string        `json:"boot_id,omitempty"`
 	LogPath     string        `json:"log_path"`
-	Exit        *exitRec      `json:"exit,omitempty"`
+	// StatusPath is where the workload's status shell writes its exit
+	// status (exitstatus.go).
+	StatusPath string   `json:"status_path,omitempty"`
+	Exit       *exitRec `json:"exit,omitempty"`
 }
 
 type exitRec struct {
@@ -113,7 +116,13 @@ func NewProcess(dir string, opts ...ProcessOption) (*Process, error) {
 			p.wg.Add(1)
 			go p.watchAdopted(pr)
 		default:
-			x := Exit{Workload: w, StoppedAt: p.stoppedAt(rec), ExitCode: -1, Detail: "workload ended while no agent watched it"}
+			x, ok := p.fromStatusFile(rec, w)
+			if !ok {
+				x = Exit{Workload: w, StoppedAt: p.stoppedAt(rec), ExitCode: -1, Detail: "workload ended while no agent watched it"}
+			}
+			if x.Detail == "" {
+				x.Detail = lastLine(rec.LogPath)
+			}
 			if err := p.writeExit(rec, x); err != nil {
 				return nil, err
 			}
@@ -188,7 +197,14 @@ func (p *Process) Start(_ context.Context, spec Spec) (Workload, error) {
 		return Workload{}, fmt.Errorf("workload log: %w", err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command(spec.Command[0], spec.Command[1:]...)
+	statusPath := filepath.Join(p.dir, "rentals", name+".status")
+	if err := os.Remove(statusPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return Workload{}, fmt.Errorf("workload status: %w", err)
+	}
+	cmd, err := wrapped(spec.Command, statusPath)
+	if err != nil {
+		return Workload{}, err
+	}
 	cmd.Dir = workDir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Env = environment(spec.Env, workDir)
@@ -198,7 +214,7 @@ func (p *Process) Start(_ context.Context, spec Spec) (Workload, error) {
 	}
 	w := Workload{Spec: spec, PID: cmd.Process.Pid, StartedAt: p.now(), LogPath: logPath}
 	rec := record{Spec: spec, PID: w.PID, PIDStart: startTime(w.PID), StartedAt: w.StartedAt, StartedBoot: p.mono(),
-		BootID: p.boot, LogPath: logPath}
+		BootID: p.boot, LogPath: logPath, StatusPath: statusPath}
 	if err := p.write(rec); err != nil {
 		_ = syscall.Kill(-w.PID, syscall.SIGKILL)
 		_ = cmd.Wait()
@@ -229,6 +245,11 @@ func environment(extra map[string]string, home string) []string {
 func (p *Process) watchChild(pr *proc, cmd *exec.Cmd, rec record) {
 	defer p.wg.Done()
 	err := cmd.Wait()
+	if x, ok := p.fromStatusFile(rec, pr.w); ok {
+		p.finish(pr, rec, x)
+		return
+	}
+	// The status shell itself was killed (SIGKILL of the group).
 	x := Exit{Workload: pr.w, StoppedAt: p.stoppedAt(rec), ExitCode: cmd.ProcessState.ExitCode()}
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		x.ExitCode, x.Detail = -1, "killed by "+signalName(ws.Signal())
@@ -253,7 +274,11 @@ func (p *Process) watchAdopted(pr *proc) {
 			return
 		}
 		if !alive(rec.PID, rec.PIDStart) {
-			p.finish(pr, rec, Exit{Workload: pr.w, StoppedAt: p.stoppedAt(rec), ExitCode: -1, Detail: "ended (adopted workload; exit code unknown)"})
+			x, ok := p.fromStatusFile(rec, pr.w)
+			if !ok {
+				x = Exit{Workload: pr.w, StoppedAt: p.stoppedAt(rec), ExitCode: -1, Detail: "ended (adopted workload; exit code unknown)"}
+			}
+			p.finish(pr, rec, x)
 			return
 		}
 	}
@@ -376,6 +401,11 @@ func (p *Process) Forget(rentalID string) error {
 	p.mu.Unlock()
 	if running {
 		return fmt.Errorf("forget %s: still running", rentalID)
+	}
+	if rec, err := p.read(rentalID); err == nil && rec.StatusPath != "" {
+		if err := os.Remove(rec.StatusPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	if err := os.Remove(p.recordPath(rentalID)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
