@@ -39,7 +39,7 @@ type Workload struct {
 
 // Exit is how a workload ended.
 type Exit struct {
-	Workload  Workload
+	Workload Workload
 	// StoppedAt is StartedAt plus the run's monotonic duration, never
 	// before StartedAt whatever the wall clock did.
 	StoppedAt time.Time
