@@ -15,6 +15,10 @@ import (
 // workload's last log line or why it could not start).
 const MaxStopMessage = 1024
 
+// DetailRefused is the message of a RentalStopped reported again after the
+// bus refused it for good with the workload's own detail.
+const DetailRefused = "(the workload's last output could not be reported)"
+
 // Events builds the events the agent of one node publishes, with their
 // ids: an id names what happened, so a repeated publish of the same fact
 // is stored once.
@@ -54,11 +58,12 @@ func (e Events) Stopped(r Rental, o Outcome, causation string) *shizuv1.RentalSt
 }
 
 // Interruption announces a provider's interruption notice received at at
-// while the node was at epoch.
+// while the node was at epoch. The provider's reason is cut like a stop
+// message (and made valid UTF-8), so the event always encodes.
 func (e Events) Interruption(epoch int64, n gpu.Notice, at time.Time) *shizuv1.NodeInterruptionNoticed {
 	return &shizuv1.NodeInterruptionNoticed{
 		Meta:   shizuv1.NewMeta(fmt.Sprintf("node:%s:interruption:%d", e.NodeID, epoch), e.Source, "", e.NodeID, at),
-		NodeId: e.NodeID, Epoch: epoch, Deadline: timestamppb.New(n.Deadline), Reason: n.Reason,
+		NodeId: e.NodeID, Epoch: epoch, Deadline: timestamppb.New(n.Deadline), Reason: shizuv1.Truncate(n.Reason, MaxStopMessage),
 	}
 }
 

@@ -165,7 +165,7 @@ func (a *nodeAgent) noticesLoop(ctx context.Context, notices <-chan gpu.Notice) 
 		case <-ctx.Done():
 			return
 		case n := <-notices:
-			a.retry(ctx, "interruption notice", func() error {
+			_ = a.retry(ctx, "interruption notice", func() error {
 				if err := a.beginDrain(ctx, "spot interruption: "+n.Reason); err != nil {
 					return err
 				}

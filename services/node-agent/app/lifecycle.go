@@ -18,6 +18,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/node-agent/runtime"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/fault"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -206,13 +207,35 @@ func (a *nodeAgent) goLoop(f func()) {
 	}()
 }
 
-// retry runs f until it succeeds or ctx ends.
-func (a *nodeAgent) retry(ctx context.Context, what string, f func() error) {
+// retry runs f until it succeeds, fails for good (permanent) or ctx ends,
+// and returns the last error. A permanent failure is logged and counted
+// under what: the same event would be refused again, and retrying it
+// forever would hold up everything queued behind it.
+func (a *nodeAgent) retry(ctx context.Context, what string, f func() error) error {
 	eb := backoff.NewExponentialBackOff(backoff.WithInitialInterval(100*time.Millisecond),
 		backoff.WithMaxInterval(5*time.Second), backoff.WithMaxElapsedTime(0))
-	_ = backoff.RetryNotify(f, backoff.WithContext(eb, ctx), func(err error, next time.Duration) {
+	err := backoff.RetryNotify(func() error {
+		if err := f(); permanent(err) {
+			return backoff.Permanent(err)
+		} else if err != nil {
+			return err
+		}
+		return nil
+	}, backoff.WithContext(eb, ctx), func(err error, next time.Duration) {
 		a.log.Warn("retrying", "what", what, "err", err, "retry_in", next)
 	})
+	if permanent(err) {
+		a.log.Error("refused for good, not retried", "what", what, "err", err)
+		a.m.refused.Add(ctx, 1, metric.WithAttributes(attrWhat.String(what)))
+	}
+	return err
+}
+
+// permanent reports whether a publish failed in a way a retry cannot
+// mend: the event is invalid (it does not encode, it names no id) or this
+// agent may not publish it.
+func permanent(err error) bool {
+	return fault.IsInvalid(err) || errors.Is(err, bus.ErrPermissionDenied)
 }
 
 func (a *nodeAgent) epochNow() int64 {
@@ -331,7 +354,11 @@ func (a *nodeAgent) exitsLoop(ctx context.Context) {
 }
 
 // reportExit publishes how x's workload ended (retrying until the bus
-// takes it) and forgets the workload; false when ctx ended first.
+// takes it) and forgets the workload; false when ctx ended first. A stop
+// the bus refuses for good is reported again without the workload's
+// detail (the one part the agent does not control); when even that is
+// refused the record stays for the next agent and the loop moves on to
+// later exits.
 func (a *nodeAgent) reportExit(ctx context.Context, x runtime.Exit) bool {
 	s := x.Workload.Spec
 	a.mu.Lock()
@@ -339,7 +366,11 @@ func (a *nodeAgent) reportExit(ctx context.Context, x runtime.Exit) bool {
 	a.mu.Unlock()
 	r := rentalOf(s, x.Workload.StartedAt)
 	o := agent.Ended(r, requested, x.ExitCode, x.StoppedAt, x.Detail)
-	a.retry(ctx, "rental stopped", func() error { return a.publishStopped(ctx, r, o, "") })
+	err := a.retry(ctx, "rental stopped", func() error { return a.publishStopped(ctx, r, o, "") })
+	if permanent(err) && o.Message != agent.DetailRefused {
+		o.Message = agent.DetailRefused
+		err = a.retry(ctx, "rental stopped", func() error { return a.publishStopped(ctx, r, o, "") })
+	}
 	if ctx.Err() != nil {
 		return false
 	}
@@ -352,6 +383,10 @@ func (a *nodeAgent) reportExit(ctx context.Context, x runtime.Exit) bool {
 	}
 	delete(a.stopping, s.RentalID)
 	a.mu.Unlock()
+	if err != nil {
+		a.log.Error("workload stop not reported; its record stays for the next agent", "rental", s.RentalID, "err", err)
+		return true
+	}
 	if err := a.rt.Forget(s.RentalID); err != nil {
 		a.log.Warn("forget workload", "rental", s.RentalID, "err", err)
 	}

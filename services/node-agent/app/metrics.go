@@ -22,12 +22,14 @@ const (
 	attrVerb      = attribute.Key("shizu.command")
 	attrOutcome   = attribute.Key("shizu.outcome")
 	attrReason    = attribute.Key("shizu.exit_reason")
+	attrWhat      = attribute.Key("shizu.report")
 )
 
 type metrics struct {
 	util, vram, temp, power, ecc, pcie, nvlink metric.Int64Gauge
 	commands                                   metric.Int64Counter
 	stopped                                    metric.Int64Counter
+	refused                                    metric.Int64Counter
 	sampleDur                                  metric.Float64Histogram
 	gpuAttrs                                   []metric.MeasurementOption
 }
@@ -53,6 +55,9 @@ func newMetrics(m metric.Meter, running func() int64) (*metrics, error) {
 	x.commands, err = m.Int64Counter("shizu.agent.commands", metric.WithDescription("agent commands handled, by verb and outcome"))
 	all = append(all, err)
 	x.stopped, err = m.Int64Counter("shizu.agent.workloads.stopped", metric.WithDescription("workloads that ended, by exit reason"))
+	all = append(all, err)
+	x.refused, err = m.Int64Counter("shizu.agent.reports.refused",
+		metric.WithDescription("reports the bus refused for good (invalid or not permitted), not retried, by report"))
 	all = append(all, err)
 	x.sampleDur, err = m.Float64Histogram("shizu.agent.telemetry.sample.duration", metric.WithUnit("s"),
 		metric.WithDescription("time to sample every GPU once"))

@@ -64,6 +64,6 @@ func (a *nodeAgent) publishHealth(ctx context.Context, changes []agent.HealthCha
 	for _, c := range changes {
 		a.log.Warn("health changed", "gpu", c.Index, "from", c.Previous, "to", c.Now, "xid", c.XID, "reason", c.Reason)
 		ev := a.report.HealthChanged(epoch, c, a.now())
-		a.retry(ctx, "health change", func() error { return a.publish(ctx, subject.NodeHealth, a.cfg.NodeID, ev) })
+		_ = a.retry(ctx, "health change", func() error { return a.publish(ctx, subject.NodeHealth, a.cfg.NodeID, ev) })
 	}
 }

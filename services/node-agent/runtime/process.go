@@ -32,6 +32,8 @@ import (
 type Process struct {
 	dir   string
 	now   func() time.Time
+	mono  func() time.Duration // the boot clock: never stepped, runs on across agent restarts
+	boot  string               // this boot's id
 	exits chan Exit
 	poll  time.Duration
 
@@ -52,8 +54,17 @@ type record struct {
 	PID       int       `json:"pid"`
 	PIDStart  uint64    `json:"pid_start"` // /proc/<pid>/stat starttime, against pid reuse
 	StartedAt time.Time `json:"started_at"`
-	LogPath   string    `json:"log_path"`
-	Exit      *exitRec  `json:"exit,omitempty"`
+	// StartedBoot is the boot clock at StartedAt and BootID the boot it
+	// belongs to: the stop is stamped StartedAt plus the boot clock's
+	// elapsed time, so a stepped wall clock cannot make a stop before the
+	// start, in this agent or the next one that adopts the workload.
+	StartedBoot time.Duration `json:"started_boot_ns,omitempty"`
+	BootID      string        `json:"boot_id,omitempty"`
+	LogPath     string        `json:"log_path"`
+	// StatusPath is where the workload's status shell writes its exit
+	// status (exitstatus.go).
+	StatusPath string   `json:"status_path,omitempty"`
+	Exit       *exitRec `json:"exit,omitempty"`
 }
 
 type exitRec struct {
@@ -65,14 +76,15 @@ type exitRec struct {
 // ProcessOption configures a Process.
 type ProcessOption func(*Process)
 
-// WithClock sets the clock that stamps starts and stops.
+// WithClock sets the wall clock that stamps starts. A stop is stamped
+// from its start plus the time the (monotonic) boot clock measured.
 func WithClock(now func() time.Time) ProcessOption { return func(p *Process) { p.now = now } }
 
 // NewProcess opens the runtime over dir, adopting workloads left running
 // there and queueing the ends of those that stopped while no agent ran.
 func NewProcess(dir string, opts ...ProcessOption) (*Process, error) {
-	p := &Process{dir: dir, now: time.Now, exits: make(chan Exit, 256), poll: 100 * time.Millisecond,
-		running: map[string]*proc{}}
+	p := &Process{dir: dir, now: time.Now, mono: bootClock, boot: bootID(), exits: make(chan Exit, 256),
+		poll: 100 * time.Millisecond, running: map[string]*proc{}}
 	for _, o := range opts {
 		o(p)
 	}
@@ -104,7 +116,13 @@ func NewProcess(dir string, opts ...ProcessOption) (*Process, error) {
 			p.wg.Add(1)
 			go p.watchAdopted(pr)
 		default:
-			x := Exit{Workload: w, StoppedAt: p.now(), ExitCode: -1, Detail: "workload ended while no agent watched it"}
+			x, ok := p.fromStatusFile(rec, w)
+			if !ok {
+				x = Exit{Workload: w, StoppedAt: p.stoppedAt(rec), ExitCode: -1, Detail: "workload ended while no agent watched it"}
+			}
+			if x.Detail == "" {
+				x.Detail = lastLine(rec.LogPath)
+			}
 			if err := p.writeExit(rec, x); err != nil {
 				return nil, err
 			}
@@ -179,7 +197,14 @@ func (p *Process) Start(_ context.Context, spec Spec) (Workload, error) {
 		return Workload{}, fmt.Errorf("workload log: %w", err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command(spec.Command[0], spec.Command[1:]...)
+	statusPath := filepath.Join(p.dir, "rentals", name+".status")
+	if err := os.Remove(statusPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return Workload{}, fmt.Errorf("workload status: %w", err)
+	}
+	cmd, err := wrapped(spec.Command, statusPath)
+	if err != nil {
+		return Workload{}, err
+	}
 	cmd.Dir = workDir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Env = environment(spec.Env, workDir)
@@ -188,7 +213,8 @@ func (p *Process) Start(_ context.Context, spec Spec) (Workload, error) {
 		return Workload{}, fmt.Errorf("start workload: %w", err)
 	}
 	w := Workload{Spec: spec, PID: cmd.Process.Pid, StartedAt: p.now(), LogPath: logPath}
-	rec := record{Spec: spec, PID: w.PID, PIDStart: startTime(w.PID), StartedAt: w.StartedAt, LogPath: logPath}
+	rec := record{Spec: spec, PID: w.PID, PIDStart: startTime(w.PID), StartedAt: w.StartedAt, StartedBoot: p.mono(),
+		BootID: p.boot, LogPath: logPath, StatusPath: statusPath}
 	if err := p.write(rec); err != nil {
 		_ = syscall.Kill(-w.PID, syscall.SIGKILL)
 		_ = cmd.Wait()
@@ -219,8 +245,12 @@ func environment(extra map[string]string, home string) []string {
 func (p *Process) watchChild(pr *proc, cmd *exec.Cmd, rec record) {
 	defer p.wg.Done()
 	err := cmd.Wait()
-	stopped := p.now()
-	x := Exit{Workload: pr.w, StoppedAt: stopped, ExitCode: cmd.ProcessState.ExitCode()}
+	if x, ok := p.fromStatusFile(rec, pr.w); ok {
+		p.finish(pr, rec, x)
+		return
+	}
+	// The status shell itself was killed (SIGKILL of the group).
+	x := Exit{Workload: pr.w, StoppedAt: p.stoppedAt(rec), ExitCode: cmd.ProcessState.ExitCode()}
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		x.ExitCode, x.Detail = -1, "killed by "+signalName(ws.Signal())
 	} else if err != nil && x.ExitCode == 0 {
@@ -244,10 +274,53 @@ func (p *Process) watchAdopted(pr *proc) {
 			return
 		}
 		if !alive(rec.PID, rec.PIDStart) {
-			p.finish(pr, rec, Exit{Workload: pr.w, StoppedAt: p.now(), ExitCode: -1, Detail: "ended (adopted workload; exit code unknown)"})
+			x, ok := p.fromStatusFile(rec, pr.w)
+			if !ok {
+				x = Exit{Workload: pr.w, StoppedAt: p.stoppedAt(rec), ExitCode: -1, Detail: "ended (adopted workload; exit code unknown)"}
+			}
+			p.finish(pr, rec, x)
 			return
 		}
 	}
+}
+
+// stoppedAt is when the workload of rec ends if it ends now: its start
+// plus the time the boot clock measured since, never a wall-clock reading
+// (a step back would put the stop before the start). Only after a reboot
+// (another boot id, or a record from before boot times were kept) is the
+// wall clock all there is, and then the stop is never before the start.
+func (p *Process) stoppedAt(rec record) time.Time {
+	if rec.BootID != "" && rec.BootID == p.boot && rec.StartedBoot > 0 {
+		if elapsed := p.mono() - rec.StartedBoot; elapsed >= 0 {
+			return rec.StartedAt.Add(elapsed)
+		}
+	}
+	if now := p.now(); now.After(rec.StartedAt) {
+		return now
+	}
+	return rec.StartedAt
+}
+
+// bootClock reads CLOCK_BOOTTIME: monotonic (never stepped), counting
+// suspend, and shared by every process of one boot, so an agent that
+// adopts a workload measures from the same origin as the one that started
+// it.
+func bootClock() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
+}
+
+// bootID is the kernel's id of this boot ("" when it cannot be read: the
+// boot clock is then not trusted across agents).
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func (p *Process) isClosed() bool {
@@ -328,6 +401,11 @@ func (p *Process) Forget(rentalID string) error {
 	p.mu.Unlock()
 	if running {
 		return fmt.Errorf("forget %s: still running", rentalID)
+	}
+	if rec, err := p.read(rentalID); err == nil && rec.StatusPath != "" {
+		if err := os.Remove(rec.StatusPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	if err := os.Remove(p.recordPath(rentalID)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err

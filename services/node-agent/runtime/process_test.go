@@ -202,6 +202,8 @@ func TestBadSpecsAreRefused(t *testing.T) {
 	for name, s := range map[string]runtime.Spec{
 		"no command":             spec("r"),
 		"a rental id with slash": spec("../etc", "true"),
+		// The status shell must not turn a missing command into a run that exits 127.
+		"a command that does not exist": spec("r", "no-such-command-shizu"),
 	} {
 		if _, err := p.Start(t.Context(), s); err == nil {
 			t.Errorf("%s: started", name)
@@ -226,5 +228,37 @@ func TestALastLineOfProgressBarIsCutOnARuneBoundary(t *testing.T) {
 	x := nextExit(t, p)
 	if !utf8.ValidString(x.Detail) || strings.Trim(x.Detail, "█") != "" || len(x.Detail) != 255 {
 		t.Fatalf("detail = %q (%d bytes), want 85 whole bars", x.Detail, len(x.Detail))
+	}
+}
+
+// The status shell the workload runs under outlives a polite stop: the
+// workload gets the signal, cleans up in its grace, and its own exit code
+// and last line are reported; once reported, Forget leaves nothing behind
+// in the records.
+func TestAWorkloadThatHandlesTheStopSignalReportsItsOwnExitCode(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p := open(t, dir)
+	w, err := p.Start(t.Context(), spec("polite", "sh", "-c", "trap 'sleep 0.2; echo saved; exit 5' TERM; echo ready; while true; do sleep 0.1; done"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, func() error {
+		if !strings.Contains(logOf(t, w), "ready") {
+			return errors.New("not ready")
+		}
+		return nil
+	})
+	if err := p.Stop(t.Context(), "polite", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if x := nextExit(t, p); x.ExitCode != 5 || x.Detail != "saved" {
+		t.Fatalf("exit = %+v, want code 5 and its last line", x)
+	}
+	if err := p.Forget("polite"); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(dir + "/rentals"); len(left) != 0 {
+		t.Fatalf("records left after Forget: %v", left)
 	}
 }

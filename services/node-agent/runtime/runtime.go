@@ -39,10 +39,14 @@ type Workload struct {
 
 // Exit is how a workload ended.
 type Exit struct {
-	Workload  Workload
+	Workload Workload
+	// StoppedAt is StartedAt plus the run's monotonic duration, never
+	// before StartedAt whatever the wall clock did.
 	StoppedAt time.Time
-	// ExitCode is the process's exit code; -1 when it was killed by a
-	// signal or ended while no agent watched it.
+	// ExitCode is the process's exit code, also for a workload adopted
+	// after an agent restart (its status shell recorded it); -1 when it was
+	// killed by a signal, or when its status is unknown (the status shell
+	// was SIGKILLed with it, or the record predates status files).
 	ExitCode int
 	// Detail is for the tenant: the signal, or the last log line.
 	Detail string
