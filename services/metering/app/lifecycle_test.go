@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
@@ -117,5 +119,108 @@ func TestAStopStampedBeforeItsStartEndsTheRunAtWhatWasBilledAndIsFlagged(t *test
 	}
 	if _, err := e.rdb.ZScore(t.Context(), cfg.KeyPrefix+"due", "stepped 1").Result(); !errors.Is(err, redis.Nil) {
 		t.Fatalf("the stepped run is still on the due list (%v)", err)
+	}
+}
+
+// counterSum is the sum of a counter's data points in rm (0 when absent).
+func counterSum(rm metricdata.ResourceMetrics, name string) int64 {
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+				for _, dp := range s.DataPoints {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
+}
+
+// A start, or a start and its stop, of a placement whose RentalScheduled
+// metering never saw cannot be billed: metering counts them, and once the
+// park grace has passed (by the watermark and the clock) dead-letters each
+// with the reason and drops what it parked.
+func TestLifecycleEventsWithoutTheirScheduleAreDeadLetteredAfterTheGrace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	reader := sdkmetric.NewManualReader()
+	e.metrics = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	cfg := testConfig()
+	clock := clockAt(base)
+	r := e.startMeter(t, cfg, clock.now)
+	started := rental{id: "no-schedule", tenant: "t0", model: "H100-SXM5-80GB", zone: "eu-1", plan: shizuv1.Plan_PLAN_ON_DEMAND, gpus: 1, milli: 1000,
+		segs: []seg{{node: "node-1", start: base.Add(15 * time.Second)}}}
+	ended := started
+	ended.id, ended.segs = "no-schedule-ended", []seg{{node: "node-2", start: base, stop: base.Add(time.Minute), exit: shizuv1.ExitReason_EXIT_REASON_COMPLETED}}
+	e.publish(t, append(started.events()[1:], ended.events()[1:]...)) // without the RentalScheduled
+	store := redisstore.New(e.rdb, cfg.KeyPrefix)
+	for _, id := range []string{started.id, ended.id} {
+		waitSegment(t, store, ledger.SegmentRef{RentalID: id, Attempt: 1}, "started", func(st ledger.SegmentState) bool { return !st.StartedAt.IsZero() })
+	}
+	testkit.Eventually(t, 15*time.Second, func() error { return e.busy(t.Context()) })
+	clock.set(base.Add(2 * time.Hour))
+	if _, err := r.meter.CloseDue(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 15*time.Second, func() error {
+		all := e.deadLetterReasons(t)
+		for _, id := range []string{started.id, ended.id} {
+			if !strings.Contains(all, "rental "+id+" attempt 1") || !strings.Contains(all, "no RentalScheduled") {
+				return fmt.Errorf("no dead letter names %s and the missing RentalScheduled; have:\n%s", id, all)
+			}
+		}
+		return nil
+	})
+	for _, id := range []string{started.id, ended.id} {
+		if n, err := e.rdb.Exists(t.Context(), cfg.KeyPrefix+"seg:"+id+":1").Result(); err != nil || n != 0 {
+			t.Fatalf("the parked segment of %s is still in Redis (%d, %v)", id, n, err)
+		}
+	}
+	if refs, err := store.Due(t.Context(), base.Add(24*time.Hour), 100); err != nil || len(refs) != 0 {
+		t.Fatalf("due %v (%v), want nothing parked left", refs, err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(t.Context(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	if parked, gaveUp := counterSum(rm, "shizu.metering.events_parked"), counterSum(rm, "shizu.metering.parked_given_up"); parked < 2 || gaveUp != 2 {
+		t.Fatalf("events_parked %d, parked_given_up %d: want at least 2 and 2", parked, gaveUp)
+	}
+}
+
+// A RentalScheduled that comes within the park grace, after its start and
+// stop, is billed as if it had come first, and nothing is dead-lettered.
+func TestAScheduleArrivingWithinTheParkGraceIsBilledNormally(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := testConfig()
+	clock := clockAt(base)
+	r := e.startMeter(t, cfg, clock.now)
+	late := rental{id: "late-schedule", tenant: "t0", model: "H100-SXM5-80GB", zone: "eu-1", plan: shizuv1.Plan_PLAN_ON_DEMAND, gpus: 2, milli: 1000,
+		segs: []seg{{node: "node-1", start: base, stop: base.Add(90 * time.Second), exit: shizuv1.ExitReason_EXIT_REASON_COMPLETED}}}
+	evs := late.events()
+	e.publish(t, evs[1:])
+	store := redisstore.New(e.rdb, cfg.KeyPrefix)
+	ref := ledger.SegmentRef{RentalID: late.id, Attempt: 1}
+	waitSegment(t, store, ref, "stopped", func(st ledger.SegmentState) bool { return !st.StoppedAt.IsZero() && !st.StartedAt.IsZero() })
+	testkit.Eventually(t, 15*time.Second, func() error { return e.busy(t.Context()) })
+	clock.set(base.Add(90*time.Second + 5*time.Minute)) // inside the default grace
+	if _, err := r.meter.CloseDue(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, evs[:1])
+	want := expectedLedger(t, cfg, []rental{late})
+	e.settled(t, cfg.KeyPrefix, want)
+	clock.set(base.Add(2 * time.Hour))
+	if _, err := r.meter.CloseDue(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	e.settled(t, cfg.KeyPrefix, want)
+	if dls := deadLetters(t, e); len(dls) != 0 {
+		t.Fatalf("%d dead letters, want none: %s", len(dls), e.deadLetterReasons(t))
+	}
+	if st, err := segment(t.Context(), store, ref); err != nil || !st.Done {
+		t.Fatalf("segment %+v (%v), want it billed and finished", st, err)
 	}
 }

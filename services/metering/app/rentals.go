@@ -71,6 +71,7 @@ func (m *Meter) HandleRentals(ctx context.Context, ds []bus.Delivery) []error {
 		states, err := m.store.MergeSegments(ctx, b.events)
 		segErr := map[ledger.SegmentRef]error{}
 		if err == nil {
+			m.noteParked(ctx, states)
 			for i, e := range m.closeStates(ctx, states) {
 				if e != nil {
 					segErr[ledger.SegmentRef{RentalID: states[i].RentalID, Attempt: states[i].Attempt}] = e

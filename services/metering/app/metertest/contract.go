@@ -35,12 +35,39 @@ func RunSegmentStoreContract(t *testing.T, newStore func(t *testing.T) app.Segme
 		{"a finished segment is never due again", finishedSegmentIsNeverDueAgain},
 		{"the earliest loss wins and ends only the placement it was reported for", earliestLossWins},
 		{"the spot history is every price up to the segment's end", spotHistoryUpToTheEnd},
+		{"a parked segment is dropped and a scheduled one kept", parkedSegmentIsDroppedScheduledKept},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			c.run(t, newStore(t))
 		})
+	}
+}
+
+func parkedSegmentIsDroppedScheduledKept(t *testing.T, s app.SegmentStore) {
+	parked, scheduled := ledger.SegmentRef{RentalID: "r-parked", Attempt: 1}, ledger.SegmentRef{RentalID: "r-sched", Attempt: 1}
+	if _, err := s.MergeSegments(t.Context(), []ledger.SegmentEvent{
+		ledger.StartedEvent(parked, "node-1", t0, t0),
+		ledger.ScheduledEvent(scheduledFacts(scheduled)), ledger.StartedEvent(scheduled, "node-1", t0, t0),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ref  ledger.SegmentRef
+		want bool
+	}{{parked, true}, {scheduled, false}, {parked, true}} {
+		if dropped, err := s.DropParked(t.Context(), c.ref); err != nil || dropped != c.want {
+			t.Fatalf("DropParked(%v) = %v, %v; want %v", c.ref, dropped, err, c.want)
+		}
+	}
+	due, err := s.Due(t.Context(), t0.Add(time.Hour), 10)
+	if err != nil || !slices.Equal(due, []ledger.SegmentRef{scheduled}) {
+		t.Fatalf("due %v (%v), want only the scheduled segment", due, err)
+	}
+	states, err := s.MergeSegments(t.Context(), []ledger.SegmentEvent{{Ref: parked}, {Ref: scheduled}})
+	if err != nil || !states[0].StartedAt.IsZero() || !states[1].Scheduled {
+		t.Fatalf("states %+v (%v): want the parked one gone, the scheduled one kept", states, err)
 	}
 }
 
