@@ -140,10 +140,10 @@ func counterSum(rm metricdata.ResourceMetrics, name string) int64 {
 // A start, or a start and its stop, of a placement whose RentalScheduled
 // metering never saw cannot be billed: metering counts them, and once the
 // park grace has passed (by the watermark and the clock) dead-letters each
-// with the reason and drops what it parked.
+// with the reason, as the metering user, and drops what it parked.
 func TestLifecycleEventsWithoutTheirScheduleAreDeadLetteredAfterTheGrace(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnvWithUsers(t) // the dead letters are published as the metering user
 	reader := sdkmetric.NewManualReader()
 	e.metrics = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	cfg := testConfig()
