@@ -258,3 +258,26 @@ func RunPublisherContract(t *testing.T, newPublisher func(t *testing.T) (app.Pub
 		}
 	})
 }
+
+// RunDeadLetterContract checks what the meter relies on of an
+// app.Publisher's dead letters; newPublisher returns one and a reader of
+// the dead letters stored, in order, with Event left nil.
+func RunDeadLetterContract(t *testing.T, newPublisher func(t *testing.T) (app.Publisher, func(t *testing.T) []app.DeadLetter)) {
+	t.Run("a dead letter is stored once per id with its reason", func(t *testing.T) {
+		t.Parallel()
+		p, stored := newPublisher(t)
+		dl := app.DeadLetter{Subject: "dlq.RENTALS.metering", ID: "dlq:RENTALS:metering:unscheduled:r-1:1",
+			Event:  &shizuv1.RentalStarted{Meta: shizuv1.NewMeta("rental:r-1:started:1", "metering", "", "r-1", t0), RentalId: "r-1", Attempt: 1},
+			Stream: "RENTALS", Consumer: "metering", Reason: "no RentalScheduled"}
+		for range 2 {
+			if err := p.DeadLetter(t.Context(), dl); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := dl
+		want.Event = nil
+		if got := stored(t); len(got) != 1 || got[0] != want {
+			t.Fatalf("stored %+v, want %+v once", got, want)
+		}
+	})
+}
