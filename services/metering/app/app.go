@@ -34,6 +34,10 @@ type Config struct {
 	// record is closed, so a stop before the boundary arrives in time
 	// (docs/design/watermark.md, clock rule).
 	CloseGrace time.Duration
+	// ParkGrace is how long a start or stop of a placement whose
+	// RentalScheduled metering has not seen waits for it (by the watermark
+	// and the clock) before it is dead-lettered and dropped.
+	ParkGrace time.Duration
 	// Tick is how often due intervals are looked for.
 	Tick time.Duration
 	// Concurrency is the number of batches handled at once per consumer
@@ -53,7 +57,7 @@ type Config struct {
 // DefaultConfig is the configuration on a developer machine.
 func DefaultConfig() Config {
 	return Config{Service: service.Defaults(topology.Metering), Rules: ledger.DefaultRules(),
-		CloseGrace: 30 * time.Second, Tick: time.Second, Concurrency: 4, Batch: 500, FastAck: true, KeyPrefix: "mt:"}
+		CloseGrace: 30 * time.Second, ParkGrace: 10 * time.Minute, Tick: time.Second, Concurrency: 4, Batch: 500, FastAck: true, KeyPrefix: "mt:"}
 }
 
 // RegisterFlags binds the metering's own flags (the common ones are bound by
@@ -65,6 +69,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	f.Duration(&c.Rules.Interval, "interval", "usage record interval for running rentals", service.Expect("a duration (e.g. 1m)"))
 	f.Duration(&c.Rules.MinimumCharge, "minimum-charge", "minimum on-demand charge", service.Expect("a duration (e.g. 1m)"))
 	f.Duration(&c.CloseGrace, "close-grace", "wait after an interval boundary before closing a running rental's record")
+	f.Duration(&c.ParkGrace, "park-grace", "how long a start or stop waits for its rental's RentalScheduled before it is dead-lettered")
 	f.Duration(&c.Tick, "tick", "how often due intervals are closed")
 	f.Int(&c.Concurrency, "concurrency", "batches handled at once per consumer")
 	f.Int(&c.Batch, "batch", "most events handled together in one batch")
@@ -79,6 +84,9 @@ func (c Config) Validate() error {
 	}
 	if c.CloseGrace < 0 {
 		errs = append(errs, fmt.Errorf("metering: close grace %s is negative", c.CloseGrace))
+	}
+	if c.ParkGrace <= 0 {
+		errs = append(errs, fmt.Errorf("metering: park grace %s must be positive", c.ParkGrace))
 	}
 	if c.Tick <= 0 {
 		errs = append(errs, fmt.Errorf("metering: tick %s must be positive", c.Tick))

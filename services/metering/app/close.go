@@ -97,8 +97,13 @@ type closing struct {
 func (m *Meter) closeStates(ctx context.Context, states []ledger.SegmentState) []error {
 	c := closing{errs: make([]error, len(states)), batch: m.pub.NewBatch(),
 		advances: make([]ledger.Advance, 0, len(states)), advanced: make([]int, 0, len(states))}
-	until := m.cutoff().Add(-m.grace)
+	cutoff := m.cutoff()
+	until := cutoff.Add(-m.grace)
 	for i, st := range states {
+		if ledger.ParkingOf(st, cutoff, m.parkGrace) == ledger.GiveUp {
+			c.errs[i] = m.giveUp(ctx, st)
+			continue
+		}
 		m.queue(ctx, &c, i, st, until)
 	}
 	if c.batch.Len() > 0 {
@@ -183,6 +188,7 @@ func (m *Meter) plan(ctx context.Context, st ledger.SegmentState, until time.Tim
 	if err != nil {
 		return nil, adv, false, fault.Invalid("rental %s attempt %d: %w", ref.RentalID, ref.Attempt, err)
 	}
+	m.aboveMax(ctx, seg, tariff, st.Cursor, cursor)
 	if len(recs) == 0 && cursor.Equal(st.Cursor) && !seg.Ended() {
 		return nil, adv, false, nil // nothing closed yet; the start already made it due
 	}
@@ -193,6 +199,17 @@ func (m *Meter) plan(ctx context.Context, st ledger.SegmentState, until time.Tim
 	}
 	due = ledger.NextBoundary(due, m.rules.Interval).Add(m.grace)
 	return recs, ledger.Advance{Ref: ref, Cursor: cursor, Due: due, Finished: st.Finished()}, true, nil
+}
+
+// aboveMax counts and logs the seconds of seg in [from, to) (what a close
+// just took) that are not billed because the spot price was above the
+// tenant's maximum: the rental runs unbilled until it is preempted.
+func (m *Meter) aboveMax(ctx context.Context, seg ledger.Segment, tariff ledger.Tariff, from, to time.Time) {
+	if n := ledger.SecondsAboveMax(seg, tariff, from, to); n > 0 {
+		m.metrics.aboveMax.Add(ctx, n)
+		m.log.WarnContext(ctx, "spot seconds priced above the tenant's maximum are not billed", "rental", seg.RentalID,
+			"attempt", seg.Attempt, "node", seg.NodeID, "seconds", n, "max", seg.MaxSpot.String(), "from", from, "to", to)
+	}
 }
 
 // tariff is what seg is priced at (ledger.TariffOf), with the spot history

@@ -29,6 +29,7 @@ func TestConfigurationProblemsAreAllNamed(t *testing.T) {
 		{"a missing catalogue file is refused", func(c *app.Config) { c.CataloguePath = filepath.Join(dir, "nope.json") }, []string{"nope.json"}},
 		{"a commitment for an unknown model is refused", func(c *app.Config) { c.AccountsPath = badAccounts }, []string{`unknown GPU model "b300"`}},
 		{"no concurrency is refused", func(c *app.Config) { c.Concurrency = 0 }, []string{"concurrency 0"}},
+		{"no park grace is refused", func(c *app.Config) { c.ParkGrace = 0 }, []string{"park grace 0s"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,6 +63,7 @@ func TestEnvironmentValuesThatDoNotParseAreNamed(t *testing.T) {
 		{"a minimum charge in words", "SHIZU_METERING_MINIMUM_CHARGE", "a minute", `SHIZU_METERING_MINIMUM_CHARGE: "a minute" is not a duration (e.g. 1m)`},
 		{"a concurrency in words", "SHIZU_METERING_CONCURRENCY", "four", `SHIZU_METERING_CONCURRENCY: "four" is not a whole number`},
 		{"a close grace without a unit", "SHIZU_METERING_CLOSE_GRACE", "30", `SHIZU_METERING_CLOSE_GRACE: "30" is not a duration`},
+		{"a park grace without a unit", "SHIZU_METERING_PARK_GRACE", "600", `SHIZU_METERING_PARK_GRACE: "600" is not a duration`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,6 +90,7 @@ func TestEnvironmentVariablesSetTheirSettings(t *testing.T) {
 	t.Setenv("SHIZU_METERING_INTERVAL", "2m")
 	t.Setenv("SHIZU_METERING_MINIMUM_CHARGE", "30s")
 	t.Setenv("SHIZU_METERING_CONCURRENCY", "7")
+	t.Setenv("SHIZU_METERING_PARK_GRACE", "3m")
 	cfg := app.DefaultConfig()
 	fs := flag.NewFlagSet("metering", flag.ContinueOnError)
 	cfg.RegisterFlags(fs)
@@ -98,7 +101,7 @@ func TestEnvironmentVariablesSetTheirSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.CataloguePath != "../pricing/catalogue.json" || cfg.AccountsPath != accounts || cfg.Rules.Interval != 2*time.Minute ||
-		cfg.Rules.MinimumCharge != 30*time.Second || cfg.Concurrency != 3 {
+		cfg.Rules.MinimumCharge != 30*time.Second || cfg.Concurrency != 3 || cfg.ParkGrace != 3*time.Minute {
 		t.Fatalf("config %+v; want the variables' values and -concurrency 3", cfg)
 	}
 }

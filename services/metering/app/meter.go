@@ -22,19 +22,21 @@ import (
 // ledger's (Merge, Close, TariffOf, DueAlerts, Cutoff); this package reads
 // their inputs, commits their results and publishes their events.
 type Meter struct {
-	cat      *pricing.Catalogue
-	rules    ledger.Rules
-	grace    time.Duration
-	accounts ledger.Accounts
-	store    Store
-	pub      Publisher
-	conn     *bus.Conn
-	log      *slog.Logger
-	now      func() time.Time
-	source   string
-	opts     bus.ConsumeOptions
-	batch    int
-	metrics  *metrics
+	cat   *pricing.Catalogue
+	rules ledger.Rules
+	grace time.Duration
+	// parkGrace is how long a start or stop waits for its RentalScheduled.
+	parkGrace time.Duration
+	accounts  ledger.Accounts
+	store     Store
+	pub       Publisher
+	conn      *bus.Conn
+	log       *slog.Logger
+	now       func() time.Time
+	source    string
+	opts      bus.ConsumeOptions
+	batch     int
+	metrics   *metrics
 	// consumed bounds how far running rentals are billed: no later than
 	// every rental and spot price event stored has been handled.
 	consumed watermark
@@ -78,7 +80,7 @@ func NewMeter(cfg Config, d Deps) (*Meter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Meter{metrics: ms, cat: cat, rules: cfg.Rules, grace: cfg.CloseGrace, accounts: accounts, store: d.Store,
+	return &Meter{metrics: ms, cat: cat, rules: cfg.Rules, grace: cfg.CloseGrace, parkGrace: cfg.ParkGrace, accounts: accounts, store: d.Store,
 		pub: d.Publisher, conn: d.Conn, log: d.Log, now: d.Now, source: topology.Metering,
 		opts: bus.ConsumeOptions{Concurrency: cfg.Concurrency, FastAck: cfg.FastAck}, batch: cfg.Batch}, nil
 }

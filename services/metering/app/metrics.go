@@ -22,6 +22,10 @@ const (
 	metricBudget    = "shizu.metering.budget_crossings"
 	metricDue       = "shizu.metering.segments_closed_by_timer"
 	metricLag       = "shizu.metering.watermark_lag"
+	metricStepped   = "shizu.metering.stops_before_start"
+	metricParked    = "shizu.metering.events_parked"
+	metricGivenUp   = "shizu.metering.parked_given_up"
+	metricAboveMax  = "shizu.metering.spot_seconds_above_max"
 )
 
 // metrics are metering's instruments.
@@ -33,6 +37,16 @@ type metrics struct {
 	budget     metric.Int64Counter
 	due        metric.Int64Counter
 	lag        metric.Float64Gauge
+	// steppedStops counts stops stamped before their start (a clock step
+	// on the node), each ended at the last trusted time.
+	steppedStops metric.Int64Counter
+	// parked counts placements merged without their schedule (per batch
+	// that merged one of their events); givenUp those dead-lettered.
+	parked  metric.Int64Counter
+	givenUp metric.Int64Counter
+	// aboveMax counts spot seconds not billed for a price above the
+	// tenant's maximum.
+	aboveMax metric.Int64Counter
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
@@ -41,7 +55,7 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	}
 	m := mp.Meter(meterName)
 	var x metrics
-	var errs [7]error
+	var errs [11]error
 	x.records, errs[0] = m.Int64Counter(metricRecords, metric.WithDescription("Usage records published (by plan)."))
 	x.amount, errs[1] = m.Int64Counter(metricAmount, metric.WithUnit("{micro-unit}"),
 		metric.WithDescription("Sum of the amounts of usage records published (by plan and currency)."))
@@ -51,6 +65,14 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	x.due, errs[5] = m.Int64Counter(metricDue, metric.WithDescription("Running segments looked at by the interval closer."))
 	x.lag, errs[6] = m.Float64Gauge(metricLag, metric.WithUnit("s"),
 		metric.WithDescription("How far the watermark (every rental and spot price event handled before it) trails the clock: running rentals are billed no later than it, so a growing lag is a metering backlog."))
+	x.steppedStops, errs[7] = m.Int64Counter(metricStepped,
+		metric.WithDescription("Stops stamped before their start (a clock step on the node): each run is ended at its start or what was already billed, and the stop dead-lettered for audit."))
+	x.parked, errs[8] = m.Int64Counter(metricParked,
+		metric.WithDescription("Starts and stops merged for a placement whose RentalScheduled has not been seen: parked until it comes."))
+	x.givenUp, errs[9] = m.Int64Counter(metricGivenUp,
+		metric.WithDescription("Parked placements given up after the park grace: not billed, dead-lettered with the reason and dropped."))
+	x.aboveMax, errs[10] = m.Int64Counter(metricAboveMax, metric.WithUnit("s"),
+		metric.WithDescription("Spot seconds not billed because the price in force was above the tenant's maximum (the rental ran unbilled)."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}

@@ -2,8 +2,10 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
@@ -33,6 +35,11 @@ type SegmentStore interface {
 	// Attempts lists the placements known of a rental (those a schedule or
 	// a start was merged for).
 	Attempts(ctx context.Context, rental string) ([]int32, error)
+	// DropParked removes a segment that is still unscheduled (its start
+	// or stop, parked until its RentalScheduled came) and takes it off the
+	// due list; false when a schedule was merged meanwhile (nothing is
+	// removed then).
+	DropParked(ctx context.Context, ref ledger.SegmentRef) (bool, error)
 	// SpotPrice records a spot price of a zone and model from an instant on.
 	SpotPrice(ctx context.Context, zone, model string, p ledger.PricePoint) error
 	// SpotPrices is the spot history of a zone and model up to until (all
@@ -60,10 +67,28 @@ type Store interface {
 	UsageStore
 }
 
-// Publisher publishes events in async batches. NewBusPublisher is the real
-// one.
+// Publisher publishes events in async batches, and dead letters of what
+// metering gave up on. NewBusPublisher is the real one.
 type Publisher interface {
 	NewBatch() PublishBatch
+	// DeadLetter stores dl on the dead-letter subject, once per dl.ID.
+	DeadLetter(ctx context.Context, dl DeadLetter) error
+}
+
+// DeadLetter is a copy of something metering cannot bill and gives up on,
+// with the reason, as the bus's own dead letters carry it
+// (bus.HeaderDLQReason and the other Shizu-Dlq-* headers).
+type DeadLetter struct {
+	// Subject is the dead-letter subject (subject.DeadLetter of the
+	// stream and durable that consumed it).
+	Subject string
+	// ID is the copy's Nats-Msg-Id, deterministic so a retry stores it once.
+	ID string
+	// Event is what metering knew of the events it gives up on.
+	Event proto.Message
+	// Stream and Consumer are where the events were consumed.
+	Stream, Consumer string
+	Reason           string
 }
 
 // PublishBatch queues events and waits until the stream has stored all of
@@ -85,6 +110,22 @@ func NewBusPublisher(conn *bus.Conn) Publisher { return busPublisher{conn} }
 type busPublisher struct{ conn *bus.Conn }
 
 func (p busPublisher) NewBatch() PublishBatch { return busBatch{p.conn.NewBatch()} }
+
+func (p busPublisher) DeadLetter(ctx context.Context, dl DeadLetter) error {
+	data, err := proto.Marshal(dl.Event)
+	if err != nil {
+		return fmt.Errorf("dead letter %s: %w", dl.ID, err)
+	}
+	msg := nats.NewMsg(dl.Subject)
+	msg.Data = data
+	msg.Header.Set(bus.HeaderMsgID, dl.ID)
+	msg.Header.Set(bus.HeaderEvent, bus.EventName(dl.Event))
+	msg.Header.Set(bus.HeaderDLQReason, dl.Reason)
+	msg.Header.Set(bus.HeaderDLQStream, dl.Stream)
+	msg.Header.Set(bus.HeaderDLQConsumer, dl.Consumer)
+	_, err = p.conn.PublishMsg(ctx, msg)
+	return err
+}
 
 type busBatch struct{ *bus.Batch }
 

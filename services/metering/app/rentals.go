@@ -46,6 +46,15 @@ type rentalBatch struct {
 	merged []int                      // delivery of each event
 	lost   []*shizuv1.RentalMigrating // failover reports
 	lostAt []int                      // delivery of each report
+	// flagged are stops stamped before their start: merged as ended at
+	// their start, then dead-lettered for audit.
+	flagged []flaggedStop
+}
+
+type flaggedStop struct {
+	delivery int
+	ref      ledger.SegmentRef
+	err      error
 }
 
 // HandleRentals handles a batch of rental events (the RENTALS consumer's
@@ -62,6 +71,7 @@ func (m *Meter) HandleRentals(ctx context.Context, ds []bus.Delivery) []error {
 		states, err := m.store.MergeSegments(ctx, b.events)
 		segErr := map[ledger.SegmentRef]error{}
 		if err == nil {
+			m.noteParked(ctx, states)
 			for i, e := range m.closeStates(ctx, states) {
 				if e != nil {
 					segErr[ledger.SegmentRef{RentalID: states[i].RentalID, Attempt: states[i].Attempt}] = e
@@ -74,6 +84,15 @@ func (m *Meter) HandleRentals(ctx context.Context, ds []bus.Delivery) []error {
 			} else {
 				b.out[i] = segErr[b.events[j].Ref]
 			}
+		}
+	}
+	for _, f := range b.flagged {
+		if b.out[f.delivery] == nil {
+			// Merged and closed: the run is ended; the copy is for audit.
+			m.metrics.steppedStops.Add(ctx, 1)
+			m.log.WarnContext(ctx, "stop stamped before its start: run ended at the last trusted time",
+				"rental", f.ref.RentalID, "attempt", f.ref.Attempt, "err", f.err)
+			b.out[f.delivery] = f.err
 		}
 	}
 	for j, i := range b.lostAt {
@@ -93,7 +112,10 @@ func (m *Meter) sortRentals(ds []bus.Delivery) rentalBatch {
 		case eventStarted:
 			ev, err = m.started(d)
 		case eventStopped:
-			ev, err = stopped(d)
+			var flag error
+			if ev, flag, err = stopped(d); flag != nil {
+				b.flagged = append(b.flagged, flaggedStop{delivery: i, ref: ev.Ref, err: flag})
+			}
 		case eventMigrating:
 			var mig shizuv1.RentalMigrating
 			if b.out[i] = decode(d, &mig); b.out[i] == nil {
@@ -155,18 +177,33 @@ func (m *Meter) started(d bus.Delivery) (ledger.SegmentEvent, error) {
 	return ledger.StartedEvent(ref, ev.GetNodeId(), at, ledger.NextBoundary(at, m.rules.Interval).Add(m.grace)), nil
 }
 
-func stopped(d bus.Delivery) (ledger.SegmentEvent, error) {
-	var ev shizuv1.RentalStopped
-	if err := decode(d, &ev); err != nil {
-		return ledger.SegmentEvent{}, err
+// stopped is a stop's change (ledger.TrustedStop). A stop stamped before
+// its start also returns flag, the invalid-input error its delivery is
+// dead-lettered with once the change is merged: the run is ended, and the
+// stop is kept for audit with the reason.
+func stopped(d bus.Delivery) (ev ledger.SegmentEvent, flag error, err error) {
+	var msg shizuv1.RentalStopped
+	if err := proto.Unmarshal(d.Data, &msg); err != nil {
+		return ev, nil, fault.Invalid("decode %s: %w", d.Event, err)
 	}
-	ref := ledger.SegmentRef{RentalID: ev.GetRentalId(), Attempt: ev.GetAttempt()}
-	start, stop := ev.GetStartedAt().AsTime(), ev.GetStoppedAt().AsTime()
-	if stop.Before(start) {
-		return ledger.SegmentEvent{}, fault.Invalid("rental %s attempt %d: negative duration: stopped at %s before it started at %s",
-			ref.RentalID, ref.Attempt, stop.Format(time.RFC3339Nano), start.Format(time.RFC3339Nano))
+	ref := ledger.SegmentRef{RentalID: msg.GetRentalId(), Attempt: msg.GetAttempt()}
+	start, stop := msg.GetStartedAt().AsTime(), msg.GetStoppedAt().AsTime()
+	ev, stepped := ledger.TrustedStop(ref, start, stop, msg.GetExitReason())
+	check := &msg
+	if stepped && msg.GetStartedAt() != nil {
+		// Everything else about the stop must still be valid.
+		check = proto.CloneOf(&msg)
+		check.StoppedAt = msg.GetStartedAt()
 	}
-	return ledger.StoppedEvent(ref, start, stop, ev.GetExitReason()), nil
+	if err := check.Validate(); err != nil {
+		return ev, nil, fault.Invalid("validate %s: %w", d.Event, err)
+	}
+	if stepped {
+		flag = fault.Invalid("rental %s attempt %d: stopped_at %s is before started_at %s (a clock step on node %s?): "+
+			"the run is ended at its start or at what was already billed, whichever is later",
+			ref.RentalID, ref.Attempt, stop.Format(time.RFC3339Nano), start.Format(time.RFC3339Nano), msg.GetNodeId())
+	}
+	return ev, flag, nil
 }
 
 func (m *Meter) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating) error {

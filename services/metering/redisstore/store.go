@@ -321,6 +321,22 @@ func (s *Store) Due(ctx context.Context, t time.Time, limit int64) ([]ledger.Seg
 	return out, nil
 }
 
+// DropParked removes a segment that is still unscheduled and takes it off
+// the due list, atomically; false when it was scheduled meanwhile.
+func (s *Store) DropParked(ctx context.Context, ref ledger.SegmentRef) (bool, error) {
+	n, err := dropParkedScript.Run(ctx, s.rdb, []string{s.segKey(ref.RentalID, ref.Attempt), s.dueKey()}, member(ref)).Int()
+	if err != nil {
+		return false, fmt.Errorf("drop parked %s: %w", member(ref), err)
+	}
+	return n == 1, nil
+}
+
+var dropParkedScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'sched') == '1' then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1`)
+
 // SpotPrice records a spot price from an instant on.
 func (s *Store) SpotPrice(ctx context.Context, zone, model string, p ledger.PricePoint) error {
 	member := nanos(p.At) + " " + strconv.FormatInt(p.Price.Micros, 10) + " " + p.Price.Currency

@@ -35,12 +35,39 @@ func RunSegmentStoreContract(t *testing.T, newStore func(t *testing.T) app.Segme
 		{"a finished segment is never due again", finishedSegmentIsNeverDueAgain},
 		{"the earliest loss wins and ends only the placement it was reported for", earliestLossWins},
 		{"the spot history is every price up to the segment's end", spotHistoryUpToTheEnd},
+		{"a parked segment is dropped and a scheduled one kept", parkedSegmentIsDroppedScheduledKept},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			c.run(t, newStore(t))
 		})
+	}
+}
+
+func parkedSegmentIsDroppedScheduledKept(t *testing.T, s app.SegmentStore) {
+	parked, scheduled := ledger.SegmentRef{RentalID: "r-parked", Attempt: 1}, ledger.SegmentRef{RentalID: "r-sched", Attempt: 1}
+	if _, err := s.MergeSegments(t.Context(), []ledger.SegmentEvent{
+		ledger.StartedEvent(parked, "node-1", t0, t0),
+		ledger.ScheduledEvent(scheduledFacts(scheduled)), ledger.StartedEvent(scheduled, "node-1", t0, t0),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ref  ledger.SegmentRef
+		want bool
+	}{{parked, true}, {scheduled, false}, {parked, true}} {
+		if dropped, err := s.DropParked(t.Context(), c.ref); err != nil || dropped != c.want {
+			t.Fatalf("DropParked(%v) = %v, %v; want %v", c.ref, dropped, err, c.want)
+		}
+	}
+	due, err := s.Due(t.Context(), t0.Add(time.Hour), 10)
+	if err != nil || !slices.Equal(due, []ledger.SegmentRef{scheduled}) {
+		t.Fatalf("due %v (%v), want only the scheduled segment", due, err)
+	}
+	states, err := s.MergeSegments(t.Context(), []ledger.SegmentEvent{{Ref: parked}, {Ref: scheduled}})
+	if err != nil || !states[0].StartedAt.IsZero() || !states[1].Scheduled {
+		t.Fatalf("states %+v (%v): want the parked one gone, the scheduled one kept", states, err)
 	}
 }
 
@@ -228,6 +255,29 @@ func RunPublisherContract(t *testing.T, newPublisher func(t *testing.T) (app.Pub
 		}
 		if empty := p.NewBatch(); empty.Len() != 0 || empty.Wait(t.Context()) != nil {
 			t.Fatalf("an empty batch")
+		}
+	})
+}
+
+// RunDeadLetterContract checks what the meter relies on of an
+// app.Publisher's dead letters; newPublisher returns one and a reader of
+// the dead letters stored, in order, with Event left nil.
+func RunDeadLetterContract(t *testing.T, newPublisher func(t *testing.T) (app.Publisher, func(t *testing.T) []app.DeadLetter)) {
+	t.Run("a dead letter is stored once per id with its reason", func(t *testing.T) {
+		t.Parallel()
+		p, stored := newPublisher(t)
+		dl := app.DeadLetter{Subject: "dlq.RENTALS.metering", ID: "dlq:RENTALS:metering:unscheduled:r-1:1",
+			Event:  &shizuv1.RentalStarted{Meta: shizuv1.NewMeta("rental:r-1:started:1", "metering", "", "r-1", t0), RentalId: "r-1", Attempt: 1},
+			Stream: "RENTALS", Consumer: "metering", Reason: "no RentalScheduled"}
+		for range 2 {
+			if err := p.DeadLetter(t.Context(), dl); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := dl
+		want.Event = nil
+		if got := stored(t); len(got) != 1 || got[0] != want {
+			t.Fatalf("stored %+v, want %+v once", got, want)
 		}
 	})
 }

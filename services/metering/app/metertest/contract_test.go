@@ -80,6 +80,55 @@ func TestTheBusPublisherPassesThePublisherContract(t *testing.T) {
 	})
 }
 
+func TestTheBusPublisherPassesTheDeadLetterContract(t *testing.T) {
+	t.Parallel()
+	metertest.RunDeadLetterContract(t, func(t *testing.T) (app.Publisher, func(t *testing.T) []app.DeadLetter) {
+		n := testkit.StartNATS(t)
+		conn, err := bus.Connect(t.Context(), bus.Config{URL: n.URL, Name: "contract"}, bus.Instruments{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close(t.Context()) })
+		if err := conn.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
+			t.Fatal(err)
+		}
+		return app.NewBusPublisher(conn), func(t *testing.T) []app.DeadLetter {
+			s, err := conn.JetStream().Stream(t.Context(), topology.StreamDeadLetter)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := s.Info(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []app.DeadLetter
+			for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+				m, err := s.GetMsg(t.Context(), seq)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out = append(out, app.DeadLetter{Subject: m.Subject, ID: m.Header.Get(jetstream.MsgIDHeader),
+					Stream: m.Header.Get(bus.HeaderDLQStream), Consumer: m.Header.Get(bus.HeaderDLQConsumer), Reason: m.Header.Get(bus.HeaderDLQReason)})
+			}
+			return out
+		}
+	})
+}
+
+func TestTheFakePublisherPassesTheDeadLetterContract(t *testing.T) {
+	t.Parallel()
+	metertest.RunDeadLetterContract(t, func(*testing.T) (app.Publisher, func(t *testing.T) []app.DeadLetter) {
+		p := metertest.NewPublisher()
+		return p, func(*testing.T) []app.DeadLetter {
+			out := p.DeadLetters()
+			for i := range out {
+				out[i].Event = nil
+			}
+			return out
+		}
+	})
+}
+
 func TestTheFakePublisherPassesThePublisherContract(t *testing.T) {
 	t.Parallel()
 	metertest.RunPublisherContract(t, func(*testing.T) (app.Publisher, func(t *testing.T) []string) {

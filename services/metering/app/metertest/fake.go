@@ -150,6 +150,20 @@ func (s *Store) Lost(_ context.Context, rental string, attempt int32, lastHeartb
 	return nil
 }
 
+// DropParked implements app.SegmentStore.
+func (s *Store) DropParked(_ context.Context, ref ledger.SegmentRef) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.call("DropParked"); err != nil {
+		return false, err
+	}
+	if p, ok := s.segs[ref]; ok && p.st.Scheduled {
+		return false, nil
+	}
+	delete(s.segs, ref)
+	return true, nil
+}
+
 // Attempts implements app.SegmentStore.
 func (s *Store) Attempts(_ context.Context, rental string) ([]int32, error) {
 	s.mu.Lock()
@@ -278,14 +292,40 @@ type Publisher struct {
 	stored      []Message
 	ids         map[string]bool
 	published   int
+	deadLetters []app.DeadLetter
+	dlIDs       map[string]bool
 	FailPublish error
 	FailWait    error
+	// FailDeadLetter makes DeadLetter fail.
+	FailDeadLetter error
 }
 
 var _ app.Publisher = (*Publisher)(nil)
 
 // NewPublisher returns a publisher that has published nothing.
-func NewPublisher() *Publisher { return &Publisher{ids: map[string]bool{}} }
+func NewPublisher() *Publisher { return &Publisher{ids: map[string]bool{}, dlIDs: map[string]bool{}} }
+
+// DeadLetter implements app.Publisher: each id is stored once.
+func (p *Publisher) DeadLetter(_ context.Context, dl app.DeadLetter) error {
+	if p.FailDeadLetter != nil {
+		return p.FailDeadLetter
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.dlIDs[dl.ID] {
+		p.dlIDs[dl.ID] = true
+		dl.Event = proto.Clone(dl.Event)
+		p.deadLetters = append(p.deadLetters, dl)
+	}
+	return nil
+}
+
+// DeadLetters are the dead letters stored, each id once.
+func (p *Publisher) DeadLetters() []app.DeadLetter {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.deadLetters)
+}
 
 // NewBatch implements app.Publisher.
 func (p *Publisher) NewBatch() app.PublishBatch { return &batch{p: p} }
