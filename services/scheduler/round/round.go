@@ -95,7 +95,12 @@ func FirstOfEach[J Planned](batch []J) (first, again []J) {
 }
 
 // Order sorts a batch by the level-one queue order at now (class, then
-// priority with aging, then age, with the per-tenant penalty).
+// priority with aging, then age, with the per-tenant penalty), and then
+// puts the re-placements (attempt > 1: rentals failover moved off their
+// node) at the head of their class: each class keeps the places the queue
+// order gave it, filled first by its moved rentals, then by its new
+// requests, each in queue order. A moved rental already ran; a new
+// request of its class, however old or urgent, does not take its room.
 func Order[J Planned](batch []J, now time.Time, cfg Config) {
 	items := make([]queue.Item, len(batch))
 	for i, j := range batch {
@@ -104,8 +109,20 @@ func Order[J Planned](batch []J, now time.Time, cfg Config) {
 			Enqueued: p.Enqueued, Value: j}
 	}
 	queue.Order(items, now, queue.Options{AgingStep: cfg.AgingStep})
+	byClass := map[placement.Class][]J{}
+	for _, it := range items {
+		if j := it.Value.(J); j.Planning().Attempt > 1 {
+			byClass[it.Class] = append(byClass[it.Class], j)
+		}
+	}
+	for _, it := range items {
+		if j := it.Value.(J); j.Planning().Attempt <= 1 {
+			byClass[it.Class] = append(byClass[it.Class], j)
+		}
+	}
 	for i, it := range items {
-		batch[i] = it.Value.(J)
+		batch[i] = byClass[it.Class][0]
+		byClass[it.Class] = byClass[it.Class][1:]
 	}
 }
 
