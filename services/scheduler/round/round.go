@@ -161,8 +161,14 @@ func (p Pending[J]) Shortage() bool {
 
 // Message is what the tenant is told about the wait.
 func (p Pending[J]) Message() string {
-	if p.Reason == shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION {
-		return "waiting for spot rentals to be preempted: " + Describe(&p.Job.Planning().Request)
+	r := &p.Job.Planning().Request
+	switch p.Reason {
+	case shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION:
+		return "waiting for spot rentals to be preempted: " + Describe(r)
+	case shizuv1.PendingReason_PENDING_REASON_SPOT_PRICE_ABOVE_MAX:
+		mx := r.MaxSpotPrice
+		return fmt.Sprintf("waiting for a spot price at most the maximum of %d.%06d %s per GPU-hour: every node with room for %s prices above it",
+			mx.Micros/1_000_000, mx.Micros%1_000_000, mx.Currency, Describe(r))
 	}
 	return "waiting for capacity: " + Describe(&p.Job.Planning().Request)
 }
@@ -203,8 +209,9 @@ type NoFit[J Planned] struct {
 }
 
 // DecideNoFit decides for requests that fit nowhere, in their order:
-// decided ones say nothing; past the deadline, rejected; waiting for a
-// preemption started earlier, still waiting; an on-demand or reserved
+// decided ones say nothing; past the deadline, rejected; a spot request
+// kept out only by its maximum price waits for the price (no shortage);
+// waiting for a preemption started earlier, still waiting; an on-demand or reserved
 // request that evicting spot rentals makes fit starts a preemption and
 // waits; otherwise it waits with a capacity shortage. A request from the
 // pending set with nothing new to say is left out.
@@ -221,7 +228,9 @@ func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) N
 			continue
 		}
 		p := Pending[J]{Job: jj, Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY, PreemptUntil: j.PreemptUntil}
-		if now.Before(j.PreemptUntil) {
+		if PriceOnly(v, &j.Request, cfg) {
+			p.Reason = shizuv1.PendingReason_PENDING_REASON_SPOT_PRICE_ABOVE_MAX
+		} else if now.Before(j.PreemptUntil) {
 			p.Reason = shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION
 		} else if plan, ok := cfg.Placer.PlanPreemption(v.Cluster(), &j.Request, now); ok {
 			node, ok := v.Node(plan.NodeID)
@@ -244,6 +253,20 @@ func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) N
 		out.Pending = append(out.Pending, p)
 	}
 	return out
+}
+
+// PriceOnly reports whether a spot request with a maximum price fits
+// nowhere only because of it: placed without the cap it would fit. It then
+// waits for the price (PENDING_REASON_SPOT_PRICE_ABOVE_MAX), which is no
+// capacity shortage: a new node would price above the cap as well.
+func PriceOnly(v *view.View, r *placement.Request, cfg Config) bool {
+	if !r.MaxSpotPrice.Known() {
+		return false
+	}
+	uncapped := *r
+	uncapped.MaxSpotPrice = placement.Price{}
+	_, err := cfg.Placer.Place(v.Cluster(), &uncapped)
+	return err == nil
 }
 
 // RoundPlan is what one round decides.
