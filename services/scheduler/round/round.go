@@ -34,6 +34,8 @@ type Config struct {
 	PendingTimeout time.Duration
 	// PreemptionNotice is the time a preempted spot rental gets to stop.
 	PreemptionNotice time.Duration
+	// Commitments are the tenants' reserved commitments (Admit).
+	Commitments Commitments
 }
 
 // Job is one request in a round.
