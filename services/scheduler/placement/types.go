@@ -139,6 +139,9 @@ type Allocation struct {
 	// Since is when the allocation was made; preemption counts the
 	// GPU-seconds a victim would lose from it.
 	Since time.Time
+	// MaxSpotPrice is the spot rental's maximum price (the zero Price:
+	// none known); a price rise above it interrupts the rental.
+	MaxSpotPrice Price
 }
 
 // MIGInstance is one configured MIG instance of a GPU in MIG mode.
@@ -245,7 +248,7 @@ func (n *Node) Apply(r *Request, p Placement, now time.Time) {
 	}
 	n.Allocations = append(n.Allocations, Allocation{
 		RentalID: r.ID, Tenant: r.Tenant, Class: r.Class, Priority: r.Priority,
-		CPUMilli: p.CPUMilli, MemoryMiB: p.MemoryMiB, GPUs: slices.Clone(p.GPUs), Since: now,
+		CPUMilli: p.CPUMilli, MemoryMiB: p.MemoryMiB, GPUs: slices.Clone(p.GPUs), Since: now, MaxSpotPrice: r.MaxSpotPrice,
 	})
 }
 

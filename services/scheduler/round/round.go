@@ -257,20 +257,6 @@ func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) N
 	return out
 }
 
-// PriceOnly reports whether a spot request with a maximum price fits
-// nowhere only because of it: placed without the cap it would fit. It then
-// waits for the price (PENDING_REASON_SPOT_PRICE_ABOVE_MAX), which is no
-// capacity shortage: a new node would price above the cap as well.
-func PriceOnly(v *view.View, r *placement.Request, cfg Config) bool {
-	if !r.MaxSpotPrice.Known() {
-		return false
-	}
-	uncapped := *r
-	uncapped.MaxSpotPrice = placement.Price{}
-	_, err := cfg.Placer.Place(v.Cluster(), &uncapped)
-	return err == nil
-}
-
 // RoundPlan is what one round decides.
 type RoundPlan[J Planned] struct {
 	// Order is the first job of each placement, in the order tried: each
