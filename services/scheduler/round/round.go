@@ -168,9 +168,8 @@ func (p Pending[J]) Message() string {
 	case shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION:
 		return "waiting for spot rentals to be preempted: " + Describe(r)
 	case shizuv1.PendingReason_PENDING_REASON_SPOT_PRICE_ABOVE_MAX:
-		mx := r.MaxSpotPrice
-		return fmt.Sprintf("waiting for a spot price at most the maximum of %d.%06d %s per GPU-hour: every node with room for %s prices above it",
-			mx.Micros/1_000_000, mx.Micros%1_000_000, mx.Currency, Describe(r))
+		return fmt.Sprintf("waiting for a spot price at most the maximum of %s per GPU-hour: every node with room for %s prices above it",
+			formatPrice(r.MaxSpotPrice), Describe(r))
 	}
 	return "waiting for capacity: " + Describe(&p.Job.Planning().Request)
 }
@@ -225,8 +224,12 @@ func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) N
 			continue
 		}
 		if now.After(j.Deadline) {
-			out.Reject = append(out.Reject, Reject[J]{Job: jj, Reason: shizuv1.RejectReason_REJECT_REASON_PENDING_TIMEOUT,
-				Message: fmt.Sprintf("no capacity for %s within %s", Describe(&j.Request), cfg.PendingTimeout)})
+			msg := fmt.Sprintf("no capacity for %s within %s", Describe(&j.Request), cfg.PendingTimeout)
+			if PriceOnly(v, &j.Request, cfg) {
+				msg = fmt.Sprintf("the spot price stayed above the maximum of %s per GPU-hour for %s within %s",
+					formatPrice(j.Request.MaxSpotPrice), Describe(&j.Request), cfg.PendingTimeout)
+			}
+			out.Reject = append(out.Reject, Reject[J]{Job: jj, Reason: shizuv1.RejectReason_REJECT_REASON_PENDING_TIMEOUT, Message: msg})
 			continue
 		}
 		p := Pending[J]{Job: jj, Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY, PreemptUntil: j.PreemptUntil}

@@ -1,6 +1,7 @@
 package round
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
@@ -20,6 +21,12 @@ func PriceOnly(v *view.View, r *placement.Request, cfg Config) bool {
 	uncapped.MaxSpotPrice = placement.Price{}
 	_, err := cfg.Placer.Place(v.Cluster(), &uncapped)
 	return err == nil
+}
+
+// formatPrice writes a price as a decimal amount and its currency
+// ("1.200000 USD").
+func formatPrice(p placement.Price) string {
+	return fmt.Sprintf("%d.%06d %s", p.Micros/1_000_000, p.Micros%1_000_000, p.Currency)
 }
 
 // SpotPriceChange is a new spot price of a GPU model in a zone, in force

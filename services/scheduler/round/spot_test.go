@@ -55,3 +55,15 @@ func TestASpotRequestThatFitsNowhereAtAnyPriceStillWaitsForCapacity(t *testing.T
 		t.Fatalf("plan %+v, want waiting for capacity", plan)
 	}
 }
+
+func TestASpotRequestKeptOutByItsMaxPastItsDeadlineIsRejectedNamingThePrice(t *testing.T) {
+	t.Parallel()
+	v := viewOf(listPriced(node("h100", 1), 2_490_000))
+	plan := round.Plan(v, []*round.Job{job(t, "cheap", cappedAt(1_200_000))}, t0.Add(time.Hour), config(t), nil)
+	if len(plan.Reject) != 1 || plan.Reject[0].Reason != shizuv1.RejectReason_REJECT_REASON_PENDING_TIMEOUT {
+		t.Fatalf("plan %+v, want rejected at its deadline", plan)
+	}
+	if msg := plan.Reject[0].Message; !strings.Contains(msg, "spot price") || !strings.Contains(msg, "1.200000 USD") {
+		t.Fatalf("message %q, want it to say the spot price stayed above the max", msg)
+	}
+}
