@@ -157,6 +157,14 @@ func (o rentOptions) spec(command []string) (*shizuv1.RentalSpec, error) {
 	if o.nvlink {
 		s.Interconnect = shizuv1.Interconnect_INTERCONNECT_NVLINK
 	}
+	if plan == shizuv1.Plan_PLAN_RESERVED && len(s.AllowedModels) == 0 {
+		return nil, usagef("-plan reserved needs -model, the model of your reserved commitment: a reserved rental is billed against " +
+			"the tenant's commitment for the model it runs on, and the scheduler refuses one without a commitment " +
+			"(e.g. -plan reserved -model H100-SXM5-80GB; without a commitment rent -plan on-demand)")
+	}
+	if o.maxPrice != "" && plan != shizuv1.Plan_PLAN_SPOT {
+		return nil, usagef("-max-price %s with -plan %s: a maximum price is only for -plan spot (e.g. -plan spot -max-price 1.20)", o.maxPrice, o.plan)
+	}
 	if o.maxPrice != "" {
 		micros, err := rent.ParseMicros(o.maxPrice)
 		if err != nil {
@@ -193,6 +201,7 @@ var rentVerb = verb{
   shizu rent -fraction 0.25 -vram 20GiB        # a quarter of a GPU with 20 GiB of its memory
   shizu rent -mig 1g.10gb                      # one MIG slice
   shizu rent -plan spot -max-price 1.20        # spot, at most 1.20 per GPU-hour
+  shizu rent -plan reserved -model H100-SXM5-80GB  # against your H100 commitment
   shizu rent -tee -model H200-SXM5-141GB       # confidential computing
   shizu rent -o json | jq -r .rental_id
 `,
@@ -226,8 +235,8 @@ func (c *rentCommand) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.mig, "mig", "", "MIG profile, e.g. 1g.10gb or 3g.40gb")
 	fs.BoolVar(&o.tee, "tee", false, "run in a trusted execution environment (confidential computing)")
 	fs.StringVar(&o.zone, "zone", "", "zone (default any)")
-	fs.StringVar(&o.plan, "plan", "on-demand", "pricing plan: on-demand, reserved or spot")
-	fs.StringVar(&o.maxPrice, "max-price", "", "spot only: highest price per GPU-hour, e.g. 1.20")
+	fs.StringVar(&o.plan, "plan", "on-demand", "pricing plan: on-demand, reserved (needs -model, the model of your commitment) or spot")
+	fs.StringVar(&o.maxPrice, "max-price", "", "spot only: highest price per GPU-hour, e.g. 1.20 (never placed on a node priced above it)")
 	fs.StringVar(&o.currency, "currency", "USD", "currency of -max-price")
 	fs.IntVar(&o.priority, "priority", 0, "order within the plan, 0..1000")
 	fs.StringVar(&o.image, "image", "", "container image (the process runtime of shizu dev ignores it)")

@@ -14,9 +14,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/services/scheduler/round"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/service"
@@ -58,6 +60,10 @@ type Config struct {
 	KeyPrefix string
 	// OutcomeTTL is how long a rental's outcome record is kept.
 	OutcomeTTL time.Duration
+	// AccountsPath is the accounts file (metering's -accounts, the same
+	// file) whose reserved commitments admit reserved requests; empty
+	// means none: every reserved request is refused.
+	AccountsPath string
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -90,6 +96,23 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	f.Int(&c.WorkloadWindow, "workload-window", "recent requests the fragmentation measure is taken against")
 	f.Duration(&c.OutcomeTTL, "outcome-ttl", "how long a rental's outcome record is kept")
 	f.String(&c.KeyPrefix, "key-prefix", "capacity store Redis key prefix")
+	f.String(&c.AccountsPath, "accounts", "reserved commitments (metering's accounts JSON); none: reserved requests are refused")
+}
+
+// commitments reads the reserved commitments of the accounts file.
+func (c Config) commitments() (round.Commitments, error) {
+	if c.AccountsPath == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(c.AccountsPath)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler.accounts: %w", err)
+	}
+	cs, err := round.ParseAccounts(data)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler.accounts %s: %w", c.AccountsPath, err)
+	}
+	return cs, nil
 }
 
 // Validate reports every problem in the configuration.

@@ -34,6 +34,9 @@ func requestOf(ev *shizuv1.RentalRequested) placement.Request {
 	if r.Class == rent.ClassSpot {
 		r.Market = rent.AnyMarket
 	}
+	if mx := spec.GetMaxSpotPricePerGpuHour(); mx != nil {
+		r.MaxSpotPrice = placement.Price{Micros: mx.GetMicros(), Currency: mx.GetCurrency()}
+	}
 	share := int64(r.GPUCount) * r.MilliPerGPU
 	if r.CPUMilli == 0 {
 		r.CPUMilli = max(1, DefaultCPUMilliPerGPU*share/placement.MilliPerGPU)
@@ -52,7 +55,7 @@ func nodeOf(st *capacity.NodeState, classes map[string]ports.Class) placement.No
 		ID: st.ID, Epoch: st.Epoch, Ready: st.Status == capacity.StatusReady, Zone: st.Zone,
 		Market: st.Market, TEE: st.TEECapable,
 		CPUMilli: st.CPUMilli, MemoryMiB: st.MemoryMiB, FreeCPUMilli: st.FreeCPUMilli, FreeMemoryMiB: st.FreeMemoryMiB,
-		PricePerGPUHourMicros: st.PricePerGPUHourMicros,
+		PricePerGPUHourMicros: st.PricePerGPUHourMicros, Currency: st.Currency,
 	}
 	domain := map[int]int{}
 	for d, gs := range st.NVLinkDomains {

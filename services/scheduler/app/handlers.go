@@ -39,7 +39,7 @@ func (s *Scheduler) admit(ctx context.Context, d bus.Delivery) (*job, error) {
 		return nil, fault.Invalid("decode RentalRequested: %w", err)
 	}
 	r := requestOf(ev)
-	reject, err := round.Admit(ev, &r, s.catalogue)
+	reject, err := round.Admit(ev, &r, s.catalogue, s.plan.Commitments)
 	switch {
 	case err != nil:
 		return nil, err

@@ -107,6 +107,10 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 	if d.Publisher == nil {
 		d.Publisher = BusPublisher{Conn: d.Bus}
 	}
+	commitments, err := cfg.commitments()
+	if err != nil {
+		return nil, err
+	}
 	catalogue := placement.DefaultCatalogue()
 	pl, err := placement.NewPlacer(placement.Options{Policy: placement.Policy(cfg.Policy), Catalogue: catalogue, MaxCandidates: cfg.MaxCandidates})
 	if err != nil {
@@ -115,7 +119,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 	return &Scheduler{
 		cfg: cfg, d: d, reserve: d.Store, rec: d.Records, pub: d.Publisher, catalogue: catalogue,
 		plan: round.Config{Placer: pl, AgingStep: cfg.AgingStep, PendingTimeout: cfg.PendingTimeout,
-			PreemptionNotice: cfg.PreemptionNotice},
+			PreemptionNotice: cfg.PreemptionNotice, Commitments: commitments},
 		in:         make(chan []*job, cfg.Concurrency/cfg.BatchSize+1),
 		kick:       make(chan struct{}, 1),
 		changed:    make(chan string, 64),

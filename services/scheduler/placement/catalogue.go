@@ -210,6 +210,12 @@ func (r *Request) Validate(c Catalogue) error {
 			add("mig_profile", "%q needs %d MiB, more than any allowed model has", r.MIGProfile, prof.VRAMMiB)
 		}
 	}
+	if r.MaxSpotPrice.Known() && r.Class != rent.ClassSpot {
+		add("max_spot_price", "set on a %s request; a maximum spot price is only for spot", r.Class)
+	}
+	if r.MaxSpotPrice.Micros < 0 {
+		add("max_spot_price", "must not be negative, got %d", r.MaxSpotPrice.Micros)
+	}
 	if r.NVLink && r.GPUCount < 2 {
 		add("interconnect", "NVLink needs at least two GPUs (got %d)", r.GPUCount)
 	}

@@ -22,6 +22,7 @@ const (
 	ReasonTEE        Reason = "no TEE"
 	ReasonModel      Reason = "GPU model"
 	ReasonCapability Reason = "GPU capability"
+	ReasonSpotPrice  Reason = "spot price above the maximum"
 	ReasonCPU        Reason = "host CPU"
 	ReasonMemory     Reason = "host memory"
 	ReasonGPUs       Reason = "GPUs"
@@ -54,6 +55,9 @@ var Filters = []Filter{
 		}
 		return true
 	}},
+	// Not static: the spot price moves, a node above the cap now may be
+	// under it later.
+	{ReasonSpotPrice, false, func(_ Catalogue, r *Request, n *Node) bool { return r.SpotPriceFits(n) }},
 	{ReasonCPU, false, func(_ Catalogue, r *Request, n *Node) bool { return n.FreeCPUMilli >= r.CPUMilli }},
 	{ReasonMemory, false, func(_ Catalogue, r *Request, n *Node) bool { return n.FreeMemoryMiB >= r.MemoryMiB }},
 }

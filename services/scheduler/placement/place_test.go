@@ -97,6 +97,9 @@ func TestInvalidRequestsAreRejectedWithTheReason(t *testing.T) {
 		{"an unknown capability", "required_capabilities", "no model has", func(r *placement.Request) { r.Capabilities = []string{"warp-drive"} }},
 		{"a malformed MIG profile", "mig_profile", "not a MIG profile", func(r *placement.Request) { r.MIGProfile = "5g.10gb" }},
 		{"NVLink for one GPU", "interconnect", "at least two", func(r *placement.Request) { r.NVLink = true }},
+		{"a maximum spot price on an on-demand request", "max_spot_price", "only for spot", func(r *placement.Request) {
+			r.MaxSpotPrice = placement.Price{Micros: 1_000_000, Currency: "USD"}
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -46,8 +46,36 @@ type Node struct {
 	// Allocations are the rentals on the node (used by preemption and by
 	// packing scores); they are already deducted from the free capacity.
 	Allocations []Allocation
-	// PricePerGPUHourMicros is the node's price (informational).
+	// PricePerGPUHourMicros is the node's list price per GPU-hour, in
+	// micro-units of Currency, as its agent registered it.
 	PricePerGPUHourMicros int64
+	Currency              string
+	// SpotPrice is the spot price in force on the node now; the zero Price
+	// means none is known, and a spot rental pays the list price
+	// (PricePerGPUHourMicros), as metering bills it then.
+	SpotPrice Price
+}
+
+// Price is an amount per GPU-hour in integer micro-units of Currency.
+type Price struct {
+	Micros   int64
+	Currency string
+}
+
+// Known reports whether p is a price (it names its currency).
+func (p Price) Known() bool { return p.Currency != "" }
+
+// CurrentSpotPrice is what a spot rental pays per GPU-hour on the node
+// now: its SpotPrice, else its list price; the zero Price when the node
+// names neither.
+func (n *Node) CurrentSpotPrice() Price {
+	if n.SpotPrice.Known() {
+		return n.SpotPrice
+	}
+	if n.Currency == "" {
+		return Price{}
+	}
+	return Price{Micros: n.PricePerGPUHourMicros, Currency: n.Currency}
 }
 
 // GPU is one device of a node and its free capacity. The fields read on
@@ -111,6 +139,9 @@ type Allocation struct {
 	// Since is when the allocation was made; preemption counts the
 	// GPU-seconds a victim would lose from it.
 	Since time.Time
+	// MaxSpotPrice is the spot rental's maximum price (the zero Price:
+	// none known); a price rise above it interrupts the rental.
+	MaxSpotPrice Price
 }
 
 // MIGInstance is one configured MIG instance of a GPU in MIG mode.
@@ -154,6 +185,21 @@ type Request struct {
 	TEE          bool
 	Zone         string
 	Market       Market
+	// MaxSpotPrice is the most a spot rental pays per GPU-hour; the zero
+	// Price is no cap. A capped rental is placed only on a node whose
+	// current spot price is known, in its currency, and at most the cap.
+	MaxSpotPrice Price
+}
+
+// SpotPriceFits reports whether the request may run on node n at n's
+// current spot price: always without a cap; with one, only when the price
+// is known, in the cap's currency, and not above it.
+func (r *Request) SpotPriceFits(n *Node) bool {
+	if !r.MaxSpotPrice.Known() {
+		return true
+	}
+	p := n.CurrentSpotPrice()
+	return p.Currency == r.MaxSpotPrice.Currency && p.Micros <= r.MaxSpotPrice.Micros
 }
 
 // Placement is a decision: the node, the epoch it was made against, and the
@@ -202,7 +248,7 @@ func (n *Node) Apply(r *Request, p Placement, now time.Time) {
 	}
 	n.Allocations = append(n.Allocations, Allocation{
 		RentalID: r.ID, Tenant: r.Tenant, Class: r.Class, Priority: r.Priority,
-		CPUMilli: p.CPUMilli, MemoryMiB: p.MemoryMiB, GPUs: slices.Clone(p.GPUs), Since: now,
+		CPUMilli: p.CPUMilli, MemoryMiB: p.MemoryMiB, GPUs: slices.Clone(p.GPUs), Since: now, MaxSpotPrice: r.MaxSpotPrice,
 	})
 }
 

@@ -34,6 +34,8 @@ type Config struct {
 	PendingTimeout time.Duration
 	// PreemptionNotice is the time a preempted spot rental gets to stop.
 	PreemptionNotice time.Duration
+	// Commitments are the tenants' reserved commitments (Admit).
+	Commitments Commitments
 }
 
 // Job is one request in a round.
@@ -95,7 +97,12 @@ func FirstOfEach[J Planned](batch []J) (first, again []J) {
 }
 
 // Order sorts a batch by the level-one queue order at now (class, then
-// priority with aging, then age, with the per-tenant penalty).
+// priority with aging, then age, with the per-tenant penalty), and then
+// puts the re-placements (attempt > 1: rentals failover moved off their
+// node) at the head of their class: each class keeps the places the queue
+// order gave it, filled first by its moved rentals, then by its new
+// requests, each in queue order. A moved rental already ran; a new
+// request of its class, however old or urgent, does not take its room.
 func Order[J Planned](batch []J, now time.Time, cfg Config) {
 	items := make([]queue.Item, len(batch))
 	for i, j := range batch {
@@ -104,8 +111,20 @@ func Order[J Planned](batch []J, now time.Time, cfg Config) {
 			Enqueued: p.Enqueued, Value: j}
 	}
 	queue.Order(items, now, queue.Options{AgingStep: cfg.AgingStep})
+	byClass := map[placement.Class][]J{}
+	for _, it := range items {
+		if j := it.Value.(J); j.Planning().Attempt > 1 {
+			byClass[it.Class] = append(byClass[it.Class], j)
+		}
+	}
+	for _, it := range items {
+		if j := it.Value.(J); j.Planning().Attempt <= 1 {
+			byClass[it.Class] = append(byClass[it.Class], j)
+		}
+	}
 	for i, it := range items {
-		batch[i] = it.Value.(J)
+		batch[i] = byClass[it.Class][0]
+		byClass[it.Class] = byClass[it.Class][1:]
 	}
 }
 
@@ -144,8 +163,13 @@ func (p Pending[J]) Shortage() bool {
 
 // Message is what the tenant is told about the wait.
 func (p Pending[J]) Message() string {
-	if p.Reason == shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION {
-		return "waiting for spot rentals to be preempted: " + Describe(&p.Job.Planning().Request)
+	r := &p.Job.Planning().Request
+	switch p.Reason {
+	case shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION:
+		return "waiting for spot rentals to be preempted: " + Describe(r)
+	case shizuv1.PendingReason_PENDING_REASON_SPOT_PRICE_ABOVE_MAX:
+		return fmt.Sprintf("waiting for a spot price at most the maximum of %s per GPU-hour: every node with room for %s prices above it",
+			formatPrice(r.MaxSpotPrice), Describe(r))
 	}
 	return "waiting for capacity: " + Describe(&p.Job.Planning().Request)
 }
@@ -186,8 +210,9 @@ type NoFit[J Planned] struct {
 }
 
 // DecideNoFit decides for requests that fit nowhere, in their order:
-// decided ones say nothing; past the deadline, rejected; waiting for a
-// preemption started earlier, still waiting; an on-demand or reserved
+// decided ones say nothing; past the deadline, rejected; a spot request
+// kept out only by its maximum price waits for the price (no shortage);
+// waiting for a preemption started earlier, still waiting; an on-demand or reserved
 // request that evicting spot rentals makes fit starts a preemption and
 // waits; otherwise it waits with a capacity shortage. A request from the
 // pending set with nothing new to say is left out.
@@ -199,12 +224,18 @@ func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) N
 			continue
 		}
 		if now.After(j.Deadline) {
-			out.Reject = append(out.Reject, Reject[J]{Job: jj, Reason: shizuv1.RejectReason_REJECT_REASON_PENDING_TIMEOUT,
-				Message: fmt.Sprintf("no capacity for %s within %s", Describe(&j.Request), cfg.PendingTimeout)})
+			msg := fmt.Sprintf("no capacity for %s within %s", Describe(&j.Request), cfg.PendingTimeout)
+			if PriceOnly(v, &j.Request, cfg) {
+				msg = fmt.Sprintf("the spot price stayed above the maximum of %s per GPU-hour for %s within %s",
+					formatPrice(j.Request.MaxSpotPrice), Describe(&j.Request), cfg.PendingTimeout)
+			}
+			out.Reject = append(out.Reject, Reject[J]{Job: jj, Reason: shizuv1.RejectReason_REJECT_REASON_PENDING_TIMEOUT, Message: msg})
 			continue
 		}
 		p := Pending[J]{Job: jj, Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY, PreemptUntil: j.PreemptUntil}
-		if now.Before(j.PreemptUntil) {
+		if PriceOnly(v, &j.Request, cfg) {
+			p.Reason = shizuv1.PendingReason_PENDING_REASON_SPOT_PRICE_ABOVE_MAX
+		} else if now.Before(j.PreemptUntil) {
 			p.Reason = shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION
 		} else if plan, ok := cfg.Placer.PlanPreemption(v.Cluster(), &j.Request, now); ok {
 			node, ok := v.Node(plan.NodeID)
