@@ -19,6 +19,15 @@ import (
 // plays a replica killed after its reserve, before it recorded anything
 // (its delivery is not acknowledged, so it comes again).
 
+// heldStill describes an allocation read that found it (err nil) or
+// failed.
+func heldStill(what string, err error) error {
+	if err == nil {
+		return errors.New(what)
+	}
+	return fmt.Errorf("%s (reading it: %w)", what, err)
+}
+
 var errCrashed = errors.New("failpoint: the replica died after its reserve")
 
 // crashOnce fails the first round that reserved rental, after waiting for
@@ -104,7 +113,7 @@ func TestACancelBetweenReserveAndRecordFreesTheReservation(t *testing.T) {
 	close(crash.release)
 	testkit.Eventually(t, 30*time.Second, func() error {
 		if _, err := e.store.Allocation(t.Context(), "r2"); !capacity.IsNotFound(err) {
-			return fmt.Errorf("the cancelled rental still holds capacity: %v", err)
+			return heldStill("the cancelled rental still holds capacity", err)
 		}
 		return nil
 	})
@@ -142,7 +151,7 @@ func TestTheReconcilerFreesAllocationsNoLiveRentalOwns(t *testing.T) {
 	}
 	testkit.Eventually(t, 30*time.Second, func() error {
 		if _, err := e.store.Allocation(t.Context(), "ghost"); !capacity.IsNotFound(err) {
-			return fmt.Errorf("the ghost allocation is still held: %v", err)
+			return heldStill("the ghost allocation is still held", err)
 		}
 		return nil
 	})
@@ -155,7 +164,7 @@ func TestTheReconcilerFreesAllocationsNoLiveRentalOwns(t *testing.T) {
 	}
 	testkit.Eventually(t, 30*time.Second, func() error {
 		if _, err := e.store.Allocation(t.Context(), "ghost2"); !capacity.IsNotFound(err) {
-			return fmt.Errorf("the second ghost allocation is still held: %v", err)
+			return heldStill("the second ghost allocation is still held", err)
 		}
 		return nil
 	})
