@@ -64,6 +64,11 @@ type Config struct {
 	// file) whose reserved commitments admit reserved requests; empty
 	// means none: every reserved request is refused.
 	AccountsPath string
+	// ReconcileInterval is how often the replica looks for allocations no
+	// live rental owns; ReconcileAge is how old such an allocation must be
+	// before it is freed (younger ones may be a reservation in flight).
+	ReconcileInterval time.Duration
+	ReconcileAge      time.Duration
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -74,6 +79,7 @@ func DefaultConfig() Config {
 		PendingTimeout: 10 * time.Minute, PendingRetry: 500 * time.Millisecond, PreemptionNotice: 30 * time.Second,
 		SnapshotMaxAge: 5 * time.Second, AgingStep: time.Second, WorkloadWindow: 5000,
 		KeyPrefix: "shizu", OutcomeTTL: 7 * 24 * time.Hour,
+		ReconcileInterval: 30 * time.Second, ReconcileAge: 2 * time.Minute,
 	}
 }
 
@@ -97,6 +103,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	f.Duration(&c.OutcomeTTL, "outcome-ttl", "how long a rental's outcome record is kept")
 	f.String(&c.KeyPrefix, "key-prefix", "capacity store Redis key prefix")
 	f.String(&c.AccountsPath, "accounts", "reserved commitments (metering's accounts JSON); none: reserved requests are refused")
+	f.Duration(&c.ReconcileInterval, "reconcile-interval", "how often allocations no live rental owns are looked for")
+	f.Duration(&c.ReconcileAge, "reconcile-age", "how old an allocation no live rental owns must be to be freed")
 }
 
 // commitments reads the reserved commitments of the accounts file.
@@ -139,7 +147,7 @@ func (c Config) Validate() error {
 	positive("commit-workers", c.CommitWorkers)
 	positive("workload-window", c.WorkloadWindow)
 	for name, d := range map[string]time.Duration{"pending-timeout": c.PendingTimeout, "pending-retry": c.PendingRetry,
-		"preemption-notice": c.PreemptionNotice, "snapshot-max-age": c.SnapshotMaxAge, "aging-step": c.AgingStep, "outcome-ttl": c.OutcomeTTL} {
+		"preemption-notice": c.PreemptionNotice, "reconcile-interval": c.ReconcileInterval, "reconcile-age": c.ReconcileAge, "snapshot-max-age": c.SnapshotMaxAge, "aging-step": c.AgingStep, "outcome-ttl": c.OutcomeTTL} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("scheduler.%s: must be positive, got %s", name, d))
 		}

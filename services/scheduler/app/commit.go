@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 	"github.com/shizu-gpu/shizu/services/scheduler/ports"
 	"github.com/shizu-gpu/shizu/services/scheduler/round"
 	"github.com/shizu-gpu/shizu/services/scheduler/view"
@@ -142,7 +144,45 @@ func (c *roundCommit) Decided(jobs []*job) error {
 	for i, j := range jobs {
 		j.Decided = decided[i]
 	}
-	return nil
+	c.adopt(jobs)
+	return c.s.awaitVictims(c.ctx, jobs)
+}
+
+// adopt takes, for each undecided job that fits nowhere, the reservation
+// the store already holds under its rental id as its placement: a replica
+// reserved it and died before it recorded the outcome (or an earlier round
+// of this replica is still recording it), and this redelivery would
+// otherwise wait for capacity its own reservation holds. An adopted job
+// is Decided for the round (it says nothing about it) and is recorded as
+// scheduled with the placed ones (finishRound); its claim keeps the
+// reservation only when it names this very allocation or wins.
+func (c *roundCommit) adopt(jobs []*job) {
+	want := map[string]*job{}
+	for _, j := range jobs {
+		if !j.Decided {
+			want[j.Request.ID] = j
+		}
+	}
+	if len(want) == 0 {
+		return
+	}
+	cl := c.s.view.Cluster()
+	for i := range cl.Nodes {
+		for _, a := range cl.Nodes[i].Allocations {
+			j, ok := want[a.RentalID]
+			if !ok {
+				continue
+			}
+			delete(want, a.RentalID)
+			held, err := c.s.reserve.Allocation(c.ctx, a.RentalID)
+			if err != nil || held.HandingOver {
+				continue // gone meanwhile, or unreadable: decided as no fit
+			}
+			held.Existing = true
+			j.alloc, j.adopted, j.Decided = held, true, true
+			j.Placed = placement.Placement{NodeID: held.NodeID, Epoch: held.Epoch}
+		}
+	}
 }
 
 // finishRound publishes what the round's plan decided for the requests
@@ -157,6 +197,12 @@ func (s *Scheduler) finishRound(ctx context.Context, plan *round.RoundPlan[*job]
 	var ok []*job
 	for _, j := range plan.Reserve {
 		if j.err == nil {
+			j.facts = s.view.Facts(j.alloc.NodeID)
+			ok = append(ok, j)
+		}
+	}
+	for _, j := range plan.NoFit.Jobs {
+		if j.adopted && j.err == nil {
 			j.facts = s.view.Facts(j.alloc.NodeID)
 			ok = append(ok, j)
 		}
@@ -176,7 +222,14 @@ func (s *Scheduler) finishRound(ctx context.Context, plan *round.RoundPlan[*job]
 		if prev != nil {
 			<-prev
 		}
-		fixes := s.recordScheduled(ctx, b, ok, now)
+		var fixes []view.Fix
+		if err := s.failpoint(ok); err != nil {
+			for _, j := range ok {
+				j.err = err
+			}
+		} else {
+			fixes = s.recordScheduled(ctx, b, ok, now)
+		}
 		close(mine)
 		s.view.Post(fixes...)
 		err := b.Wait(ctx)
@@ -193,6 +246,18 @@ func (s *Scheduler) finishRound(ctx context.Context, plan *round.RoundPlan[*job]
 			j.done <- j.err
 		}
 	})
+}
+
+// failpoint runs the afterReserve test hook over the reserved jobs.
+func (s *Scheduler) failpoint(ok []*job) error {
+	if s.afterReserve == nil || len(ok) == 0 {
+		return nil
+	}
+	ids := make([]string, len(ok))
+	for i, j := range ok {
+		ids[i] = j.Request.ID
+	}
+	return s.afterReserve(ids)
 }
 
 // recordScheduled records the outcome of reserved requests and queues
@@ -259,9 +324,25 @@ func (s *Scheduler) handleNoFit(ctx context.Context, b ports.Batch, plan *round.
 	for _, p := range plan.Pending {
 		j := p.Job
 		if p.Preempt != nil {
-			if err := s.queuePreemption(ctx, b, j, p.Preempt, now); err != nil {
+			won, err := s.claimPreemption(ctx, j, p.Preempt)
+			switch {
+			case err != nil:
 				j.err = err
 				continue
+			case won:
+				if err := s.queuePreemption(ctx, b, j, p.Preempt, now); err != nil {
+					j.err = err
+					continue
+				}
+			default:
+				// Its victims were preempted for another rental first: it
+				// waits for capacity and plans again on the next retry,
+				// where the view hides those victims.
+				p.Preempt, p.Reason, p.PreemptUntil = nil, shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY, j.PreemptUntil
+				s.nextDeadline = now
+				if j.FromPending && j.Reason == p.Reason {
+					continue // nothing new to say
+				}
 			}
 		}
 		pending = append(pending, ports.PendingEntry{Event: j.Event, Reason: p.Reason, PreemptUntil: p.PreemptUntil, Attempt: j.Attempt})
@@ -299,6 +380,10 @@ func (s *Scheduler) rejectExpired(ctx context.Context, b ports.Batch, rejects []
 	}
 	for i, r := range rejects {
 		if got[i].Outcome != round.OutcomeRejected {
+			continue
+		}
+		if err := s.freeHeld(ctx, r.Job.Request.ID); err != nil {
+			r.Job.err = err
 			continue
 		}
 		r.Job.err = s.queueRejected(ctx, b, r.Job.Event, r.Reason, r.Message)

@@ -10,6 +10,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 	"github.com/shizu-gpu/shizu/services/scheduler/ports"
 	"github.com/shizu-gpu/shizu/services/scheduler/round"
+	"github.com/shizu-gpu/shizu/services/scheduler/view"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/fault"
@@ -131,6 +132,9 @@ func (s *Scheduler) rejectNow(ctx context.Context, ev *shizuv1.RentalRequested, 
 	if got[0].Outcome != round.OutcomeRejected {
 		return nil // already decided otherwise
 	}
+	if err := s.freeHeld(ctx, ev.GetRentalId()); err != nil {
+		return err
+	}
 	b := s.pub.NewBatch()
 	if err := s.queueRejected(ctx, b, ev, reason, msg); err != nil {
 		return err
@@ -151,6 +155,12 @@ func (s *Scheduler) onCancel(ctx context.Context, ev *shizuv1.RentalCancelReques
 	b := s.pub.NewBatch()
 	switch got[0].Outcome {
 	case round.OutcomeCancelled:
+		// A reservation made for it and not recorded (a replica died
+		// between the two, or is between them now) ends with it; a
+		// replica still in flight loses its claim and gives back nothing.
+		if err := s.freeHeld(ctx, ev.GetRentalId()); err != nil {
+			return err
+		}
 		if err := s.queueCancelled(ctx, b, ev, "cancelled before it was placed"); err != nil {
 			return err
 		}
@@ -177,6 +187,30 @@ func (s *Scheduler) onCancel(ctx context.Context, ev *shizuv1.RentalCancelReques
 		return nil // rejected already
 	}
 	return b.Wait(ctx)
+}
+
+// freeHeld gives back whatever the store holds under a rental id whose
+// attempt just ended without a placement (cancelled, rejected): a
+// reservation whose replica died before it recorded the outcome. It tells
+// the loop's view and wakes the pending requests when it freed something.
+func (s *Scheduler) freeHeld(ctx context.Context, rental string) error {
+	a, err := s.reserve.Allocation(ctx, rental)
+	switch {
+	case capacity.IsNotFound(err):
+		return nil
+	case err != nil:
+		return err
+	case a.HandingOver:
+		return nil // the previous run of a moved rental: failover's
+	}
+	released, err := s.reserve.Release(ctx, rental)
+	if err != nil || !released {
+		return err
+	}
+	s.d.Log.InfoContext(ctx, "released a reservation its rental no longer needs", "rental", rental, "node", a.NodeID)
+	s.view.Post(view.Fix{Node: a.NodeID, Rental: rental})
+	s.wake()
+	return nil
 }
 
 // cancelNextAttempt records a cancel for the attempt after a rental's

@@ -33,9 +33,9 @@ type env struct {
 	seen  *outcomes
 }
 
-func newEnv(t testing.TB) *env {
+func newEnv(t testing.TB, opts ...testkit.PlatformOption) *env {
 	t.Helper()
-	d := testkit.Platform(t)
+	d := testkit.Platform(t, opts...)
 	e := &env{t: t, Deployment: d, store: d.Capacity(t)}
 	e.seen = e.watch()
 	return e
@@ -61,6 +61,13 @@ func testConfig() app.Config {
 // replica starts one scheduler replica with its own NATS user and Redis
 // connection; it stops at the end of the test.
 func (e *env) replica(cfg app.Config, now func() time.Time) {
+	e.t.Helper()
+	e.replicaWith(cfg, now, nil)
+}
+
+// replicaWith is replica with setup run on the scheduler before it starts
+// (to install a test hook).
+func (e *env) replicaWith(cfg app.Config, now func() time.Time, setup func(*app.Scheduler)) {
 	t := e.t
 	t.Helper()
 	conn := e.connect(t)
@@ -68,6 +75,9 @@ func (e *env) replica(cfg app.Config, now func() time.Time) {
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if setup != nil {
+		setup(s)
 	}
 	svc, _ := topology.ServiceNamed(topology.Scheduler)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))

@@ -3,6 +3,7 @@ package app_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -163,41 +164,85 @@ func TestCancellingBeforePlacementRejectsAndAfterPlacementStopsTheRental(t *test
 	})
 }
 
+// A burst of on-demand requests on a node full of spot rentals, run by a
+// real node agent: each spot victim is preempted once (one RentalPreempted
+// per victim, however many requests could use it), told to stop after
+// the notice (StopRental), stopped by its agent with
+// EXIT_REASON_PREEMPTED, and an on-demand request takes each freed GPU,
+// ahead of a waiting spot request.
 func TestOnDemandPreemptsTheCheapestSpotRentalAndTakesItsPlace(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	e.register(gpuNode("n1", 2, capacity.MarketOnDemand))
-	e.replica(testConfig(), time.Now)
-	// Two spot rentals fill the node; "young" started later, so evicting it
-	// loses less work.
-	e.publish(requested("old", "spotty", spec(1, 1000, 0, shizuv1.Plan_PLAN_SPOT), time.Now()))
-	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { _, err = scheduledOf(o, "old"); return })
-	e.publish(requested("young", "spotty", spec(1, 1000, 0, shizuv1.Plan_PLAN_SPOT), time.Now()))
-	var young *shizuv1.RentalScheduled
-	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { young, err = scheduledOf(o, "young"); return })
-	// A third spot request only waits: spot never preempts spot.
-	e.publish(requested("spot3", "spotty", spec(1, 1000, 0, shizuv1.Plan_PLAN_SPOT), time.Now()))
-	e.publish(requested("od", "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), time.Now()))
-	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
-		if len(o.pending["od"]) == 0 || o.pending["od"][0].GetReason() != shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION {
-			return fmt.Errorf("od: %v", o.pending["od"])
-		}
-		if len(o.preempted["young"]) != 1 || o.preempted["young"][0].GetPreemptingRentalId() != "od" {
-			return fmt.Errorf("young: %v", o.preempted["young"])
-		}
-		if len(o.preempted["old"]) != 0 || len(o.pending["spot3"]) != 1 {
-			return fmt.Errorf("old preempted %d times; spot3 pending %d", len(o.preempted["old"]), len(o.pending["spot3"]))
+	e := newEnv(t, testkit.WithHeartbeats(3*time.Second))
+	down := e.watchStops()
+	e.startAgent("n1", "a100pcie4") // 4 GPUs
+	cfg := testConfig()
+	cfg.PreemptionNotice = time.Second
+	// Two replicas share the requests and the retries of the pending set.
+	e.replica(cfg, time.Now)
+	e.replica(cfg, time.Now)
+	// Four spot rentals fill the node, one after the other: the later
+	// ones have run less, so they are the cheaper victims.
+	spots := []string{"spot0", "spot1", "spot2", "spot3"}
+	for _, id := range spots {
+		e.publish(requested(id, "spotty", spec(1, 1000, 0, shizuv1.Plan_PLAN_SPOT), time.Now()))
+		e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { _, err = scheduledOf(o, id); return })
+	}
+	// A burst: six on-demand requests (more than there are victims) and
+	// one more spot request, which only waits (spot never preempts spot).
+	var burst []proto.Message
+	ods := []string{"od0", "od1", "od2", "od3", "od4", "od5"}
+	for _, id := range ods {
+		burst = append(burst, requested(id, "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), time.Now()))
+	}
+	burst = append(burst, requested("spot4", "spotty", spec(1, 1000, 0, shizuv1.Plan_PLAN_SPOT), time.Now()))
+	e.publish(burst...)
+	// Every victim is stopped by the agent, as preempted.
+	testkit.Eventually(t, 60*time.Second, func() error {
+		for _, id := range spots {
+			got := down.of(id)
+			if len(got) == 0 {
+				return fmt.Errorf("%s not stopped", id)
+			}
+			if r := got[0].GetExitReason(); r != shizuv1.ExitReason_EXIT_REASON_PREEMPTED || !strings.HasPrefix(got[0].GetMeta().GetSource(), "node-agent") {
+				return fmt.Errorf("%s stopped with %v by %s", id, r, got[0].GetMeta().GetSource())
+			}
 		}
 		return nil
 	})
-	// The victim stops: the on-demand request takes its GPU (ahead of the
-	// waiting spot request).
-	e.publish(stopped(young, shizuv1.ExitReason_EXIT_REASON_PREEMPTED))
-	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { _, err = scheduledOf(o, "od"); return })
+	// Four on-demand requests take the four freed GPUs; the spot request
+	// does not.
+	e.seen.waitFor(t, 60*time.Second, func(o *outcomes) error {
+		placed := 0
+		for _, id := range ods {
+			if len(o.scheduled[id]) > 0 {
+				placed++
+			}
+		}
+		if placed != len(spots) {
+			return fmt.Errorf("%d on-demand requests placed, want %d", placed, len(spots))
+		}
+		return nil
+	})
 	e.seen.mu.Lock()
 	defer e.seen.mu.Unlock()
-	if len(e.seen.scheduled["spot3"]) != 0 {
-		t.Fatal("the spot request took the capacity freed for on-demand")
+	if len(e.seen.scheduled["spot4"]) != 0 {
+		t.Error("the spot request took the capacity freed for on-demand")
+	}
+	for _, id := range spots {
+		got := e.seen.preempted[id]
+		if len(got) != 1 {
+			t.Errorf("%s: %d RentalPreempted, want exactly one", id, len(got))
+			continue
+		}
+		if p := got[0].GetPreemptingRentalId(); !slices.Contains(ods, p) {
+			t.Errorf("%s preempted for %s", id, p)
+		}
+		if e.seen.stops[id] != 1 {
+			t.Errorf("%s: %d stop commands, want one", id, e.seen.stops[id])
+		}
+	}
+	if n := len(e.seen.preempted["spot4"]); n != 0 {
+		t.Errorf("the waiting spot request was preempted %d times", n)
 	}
 }
 

@@ -18,6 +18,8 @@ const maxPublishing = 4
 func (s *Scheduler) Run(ctx context.Context) {
 	tick := time.NewTicker(s.cfg.PendingRetry)
 	defer tick.Stop()
+	reconcile := time.NewTicker(s.cfg.ReconcileInterval)
+	defer reconcile.Stop()
 	defer s.publishers.Wait()
 	for {
 		select {
@@ -43,6 +45,9 @@ func (s *Scheduler) Run(ctx context.Context) {
 			}
 		case <-tick.C:
 			s.retryPending(ctx, false)
+			s.stopVictimsSoon(ctx)
+		case <-reconcile.C:
+			s.reconcileSoon(ctx)
 		case <-s.kick:
 			s.retryPending(ctx, true)
 		}
@@ -65,10 +70,15 @@ func (s *Scheduler) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	hide, err := s.preempted(ctx)
+	if err != nil {
+		return err
+	}
 	nodes := make([]placement.Node, len(snap.Nodes))
 	for i := range snap.Nodes {
 		nodes[i] = nodeOf(&snap.Nodes[i], classes)
 	}
+	hideIn(nodes, hide)
 	s.view.Reset(nodes, snap.Version, s.d.Now())
 	s.metrics.fragmentation(s.view.Fragmentation())
 	s.metrics.refreshed(ctx)
@@ -93,7 +103,13 @@ func (s *Scheduler) refreshNode(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	s.view.SetNode(nodeOf(&st, classes))
+	hide, err := s.preempted(ctx)
+	if err != nil {
+		return err
+	}
+	nodes := []placement.Node{nodeOf(&st, classes)}
+	hideIn(nodes, hide)
+	s.view.SetNode(nodes[0])
 	return nil
 }
 

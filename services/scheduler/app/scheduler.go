@@ -73,6 +73,13 @@ type Scheduler struct {
 	// nextDeadline the earliest pending deadline (or preemption notice) then.
 	lastRetry    uint64
 	nextDeadline time.Time
+	// afterReserve, when set (tests only), runs off the loop between a
+	// round's reservations and the record of their outcomes, with the
+	// rentals reserved: an error there is a replica that died after its
+	// reserve (nothing recorded, the deliveries not acknowledged).
+	afterReserve func(rentals []string) error
+	reconciling  reconciler
+	stopping     victimStopper
 	// claimed is closed once the last round handed off has recorded its
 	// outcomes: rounds record in the order they placed (see finishRound).
 	claimed chan struct{}
@@ -84,7 +91,10 @@ type job struct {
 	round.Job
 	done chan error
 
-	alloc   capacity.Allocation
+	alloc capacity.Allocation
+	// adopted: the job fit nowhere, but the store holds a reservation
+	// under its rental id (see roundCommit.adopt), which is its placement.
+	adopted bool
 	facts   *view.Facts
 	err     error
 	outcome string

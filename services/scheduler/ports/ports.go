@@ -67,6 +67,20 @@ type PendingEntry struct {
 	Attempt int32
 }
 
+// Preemption is the durable decision to evict one spot rental (Victim) for
+// another (Preemptor): decided once per victim, it is announced
+// (RentalPreempted) when claimed, the victim's node is told to stop it
+// once Notice passed (StopSent then), and it ends when the victim's stop
+// is handled.
+type Preemption struct {
+	Victim, Tenant, Preemptor string
+	NodeID                    string
+	NodeEpoch                 uint64
+	// Notice is the deadline the victim was given to stop by.
+	Notice   time.Time
+	StopSent bool
+}
+
 // AttemptKey names the outcome record of one placement attempt of a
 // rental: the rental id for the first, "<rental>.<attempt>" after a
 // migration ('.' cannot occur in a rental id, which is a subject token).
@@ -106,8 +120,23 @@ type OutcomeRecords interface {
 	// Placed reports whether a rental has a class record: it was placed and
 	// its stop has not been handled.
 	Placed(ctx context.Context, rental string) (bool, error)
-	// Forget drops a released rental's class record.
+	// Forget drops a released rental's class record (and its preemption
+	// record, when it was a victim).
 	Forget(ctx context.Context, rental string) error
+	// ClaimPreemption records the preemption of each victim in ps (one
+	// preemptor, one node) for that preemptor, all or nothing: a victim
+	// already preempted for another rental is not taken again. It returns
+	// the victims held for another preemptor (none: the claim stands, or
+	// stood already for this preemptor).
+	ClaimPreemption(ctx context.Context, ps []Preemption) (taken []string, err error)
+	// Preemptions reads every recorded preemption.
+	Preemptions(ctx context.Context) ([]Preemption, error)
+	// StopSent marks a victim's stop command sent (nothing when the
+	// victim's record is gone).
+	StopSent(ctx context.Context, victim string) error
+	// DropPreemption removes the preemption records of victims (stopped,
+	// or gone from the node they were preempted on).
+	DropPreemption(ctx context.Context, victims ...string) error
 	// PutPending stores (or replaces) pending entries by rental.
 	PutPending(ctx context.Context, entries []PendingEntry) error
 	// DropPending removes pending entries by rental.

@@ -24,6 +24,7 @@ import (
 //	<prefix>:sched:outcome:<attempt key>  string  the attempt's outcome (TTL)
 //	<prefix>:sched:class                  hash    rental -> "<class>:<priority>" of placed rentals
 //	<prefix>:sched:pending                hash    rental -> pending entry JSON
+//	<prefix>:sched:preempt                hash    victim -> preemption JSON (until its stop is handled)
 //
 // Each operation is one Redis command or one pipeline of independent
 // commands; the outcome claim is a single SET NX GET, so two replicas can
@@ -45,6 +46,7 @@ func New(rdb redis.UniversalClient, prefix string, ttl time.Duration) *Redis {
 func (r *Redis) outcomeKey(id string) string { return r.prefix + ":sched:outcome:" + id }
 func (r *Redis) classKey() string            { return r.prefix + ":sched:class" }
 func (r *Redis) pendingKey() string          { return r.prefix + ":sched:pending" }
+func (r *Redis) preemptKey() string          { return r.prefix + ":sched:preempt" }
 
 func unavailable(op string, err error) error {
 	return fmt.Errorf("scheduler records: %s: %w: %w", op, fault.ErrUnavailable, err)
@@ -177,7 +179,10 @@ func (r *Redis) Placed(ctx context.Context, id string) (bool, error) {
 
 // Forget implements ports.OutcomeRecords.
 func (r *Redis) Forget(ctx context.Context, id string) error {
-	if err := r.rdb.HDel(ctx, r.classKey(), id).Err(); err != nil {
+	pipe := r.rdb.Pipeline()
+	pipe.HDel(ctx, r.classKey(), id)
+	pipe.HDel(ctx, r.preemptKey(), id)
+	if _, err := pipe.Exec(ctx); err != nil {
 		return unavailable("forget class", err)
 	}
 	return nil

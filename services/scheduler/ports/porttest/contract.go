@@ -1,6 +1,8 @@
 package porttest
 
 import (
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,6 +147,56 @@ func RunOutcomeRecordsContract(t *testing.T, newImpl func(t *testing.T) ports.Ou
 		}
 	})
 	t.Run("pending entries read back until claimed or dropped", func(t *testing.T) { pendingContract(t, newImpl(t)) })
+	t.Run("a victim is preempted for one rental only, until its record is dropped", func(t *testing.T) { preemptContract(t, newImpl(t)) })
+}
+
+// preemptContract: a preemption claim is all or nothing, once per victim.
+func preemptContract(t *testing.T, rec ports.OutcomeRecords) {
+	t.Helper()
+	notice := time.Date(2026, 12, 1, 12, 0, 30, 0, time.UTC)
+	victim := func(v, preemptor string) ports.Preemption {
+		return ports.Preemption{Victim: v, Tenant: "spotty", Preemptor: preemptor, NodeID: "n1", NodeEpoch: 2, Notice: notice}
+	}
+	if taken, err := rec.ClaimPreemption(t.Context(), []ports.Preemption{victim("v1", "od1"), victim("v2", "od1")}); len(taken) != 0 || err != nil {
+		t.Fatalf("first claim: taken %v, %v", taken, err)
+	}
+	// The same preemptor again (a redelivery) keeps its claim.
+	if taken, err := rec.ClaimPreemption(t.Context(), []ports.Preemption{victim("v1", "od1")}); len(taken) != 0 || err != nil {
+		t.Fatalf("repeated claim: taken %v, %v", taken, err)
+	}
+	// Another preemptor takes nothing, not even the free victim.
+	taken, err := rec.ClaimPreemption(t.Context(), []ports.Preemption{victim("v2", "od2"), victim("v3", "od2")})
+	if err != nil || !slices.Equal(taken, []string{"v2"}) {
+		t.Fatalf("competing claim: taken %v, %v", taken, err)
+	}
+	if err := rec.StopSent(t.Context(), "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.StopSent(t.Context(), "gone"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := rec.Preemptions(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(got, func(a, b ports.Preemption) int { return strings.Compare(a.Victim, b.Victim) })
+	sent := victim("v1", "od1")
+	sent.StopSent = true
+	if len(got) != 2 || got[0] != sent || got[1] != victim("v2", "od1") {
+		t.Fatalf("Preemptions = %+v", got)
+	}
+	if err := rec.Forget(t.Context(), "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.DropPreemption(t.Context(), "v2"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rec.Preemptions(t.Context()); len(got) != 0 || err != nil {
+		t.Fatalf("Preemptions after the stops = %+v, %v", got, err)
+	}
+	if taken, err := rec.ClaimPreemption(t.Context(), []ports.Preemption{victim("v2", "od2")}); len(taken) != 0 || err != nil {
+		t.Fatalf("claim after the drop: taken %v, %v", taken, err)
+	}
 }
 
 // pendingContract: entries read back until claimed or dropped.

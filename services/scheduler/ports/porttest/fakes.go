@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -135,6 +136,7 @@ type Records struct {
 	outcomes map[string]string // attempt key -> "outcome[ token]"
 	classes  map[string]ports.Class
 	pending  map[string]ports.PendingEntry
+	preempt  map[string]ports.Preemption
 
 	// Claims are the claims made, in call order.
 	Claims []ClaimCall
@@ -151,7 +153,8 @@ type ClaimCall struct {
 
 // NewRecords is empty fake records.
 func NewRecords() *Records {
-	return &Records{outcomes: map[string]string{}, classes: map[string]ports.Class{}, pending: map[string]ports.PendingEntry{}}
+	return &Records{outcomes: map[string]string{}, classes: map[string]ports.Class{}, pending: map[string]ports.PendingEntry{},
+		preempt: map[string]ports.Preemption{}}
 }
 
 var _ ports.OutcomeRecords = (*Records)(nil)
@@ -281,6 +284,64 @@ func (r *Records) Forget(_ context.Context, rental string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.classes, rental)
+	delete(r.preempt, rental)
+	return r.Err
+}
+
+// ClaimPreemption implements ports.OutcomeRecords.
+func (r *Records) ClaimPreemption(_ context.Context, ps []ports.Preemption) ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.Err != nil {
+		return nil, r.Err
+	}
+	var taken []string
+	for _, p := range ps {
+		if held, ok := r.preempt[p.Victim]; ok && held.Preemptor != p.Preemptor {
+			taken = append(taken, p.Victim)
+		}
+	}
+	if len(taken) > 0 {
+		return taken, nil
+	}
+	for _, p := range ps {
+		if _, ok := r.preempt[p.Victim]; !ok {
+			r.preempt[p.Victim] = p
+		}
+	}
+	return nil, nil
+}
+
+// Preemptions implements ports.OutcomeRecords.
+func (r *Records) Preemptions(context.Context) ([]ports.Preemption, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.Err != nil {
+		return nil, r.Err
+	}
+	out := slices.Collect(maps.Values(r.preempt))
+	slices.SortFunc(out, func(a, b ports.Preemption) int { return strings.Compare(a.Victim, b.Victim) })
+	return out, nil
+}
+
+// StopSent implements ports.OutcomeRecords.
+func (r *Records) StopSent(_ context.Context, victim string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p, ok := r.preempt[victim]; ok {
+		p.StopSent = true
+		r.preempt[victim] = p
+	}
+	return r.Err
+}
+
+// DropPreemption implements ports.OutcomeRecords.
+func (r *Records) DropPreemption(_ context.Context, victims ...string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, v := range victims {
+		delete(r.preempt, v)
+	}
 	return r.Err
 }
 
