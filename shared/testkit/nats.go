@@ -22,6 +22,10 @@ import (
 type NATS struct {
 	Server *server.Server
 	URL    string
+	// opts are the options it started with, and port the port it listens
+	// on, for Restart.
+	opts *server.Options
+	port int
 }
 
 // StartNATS starts a JetStream-enabled nats-server on a random loopback port
@@ -42,7 +46,7 @@ func StartNATS(t testing.TB, mutate ...func(*server.Options)) *NATS {
 		m(opts)
 	}
 	ns := runServer(t, opts)
-	return &NATS{Server: ns, URL: ns.ClientURL()}
+	return &NATS{Server: ns, URL: ns.ClientURL(), opts: opts.Clone(), port: ns.Addr().(*net.TCPAddr).Port}
 }
 
 func runServer(t testing.TB, opts *server.Options) *server.Server {
