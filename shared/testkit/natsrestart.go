@@ -28,11 +28,7 @@ func (n *NATS) Restart(t testing.TB) {
 	for range 50 { // the old listener's port may take a moment to free
 		var ns *server.Server
 		if ns, err = embednats.Start(opts, 10*time.Second); err == nil {
-			t.Cleanup(func() {
-				ns.Shutdown()
-				ns.WaitForShutdown()
-			})
-			n.Server = ns
+			n.Server = ns // stopped by StartNATS's cleanup
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
