@@ -105,7 +105,7 @@ func (f *Failover) rentalRouter() *bus.Router {
 	r := bus.NewRouter()
 	bus.On(r, f.onScheduled)
 	bus.On(r, f.onStarted)
-	bus.On(r, f.onStopped)
+	r.Handle(rentalStoppedName, f.onStoppedRaw) // bus.On, but a clock-stepped stop is a stop (stopped.go)
 	return r
 }
 

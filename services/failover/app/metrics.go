@@ -126,3 +126,9 @@ func (m *Metrics) watchRestarted(ctx context.Context) {
 		m.watchRestarts.Add(ctx, 1)
 	}
 }
+
+func (m *Metrics) clampedStop(ctx context.Context) {
+	if m != nil {
+		m.clampedStops.Add(ctx, 1)
+	}
+}
