@@ -46,7 +46,7 @@ var billVerb = verb{
 			tw := table(stdout)
 			fmt.Fprintln(tw, "RENTAL\tPLAN\tMODEL\tSECONDS\tRECORDS\tBILLED THROUGH\tAMOUNT")
 			for _, c := range v.Charges {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", c.Rental, c.Plan, c.Model, c.Seconds, c.Records, c.Through, money(c.Micros, c.Currency))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", c.Rental, c.Plan, c.modelColumn(), c.Seconds, c.Records, c.Through, money(c.Micros, c.Currency))
 			}
 			cur := v.Currency
 			if cur == "" {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -209,6 +210,7 @@ func (r *rentalView) scheduled(m *shizuv1.RentalScheduled, at time.Time) {
 	if m.GetAttempt() < r.Attempt {
 		return
 	}
+	prevModel := r.Model
 	r.Attempt, r.Node, r.Model = m.GetAttempt(), m.GetNodeId(), m.GetGpuModel()
 	r.GPUs = r.GPUs[:0]
 	for _, g := range m.GetGpus() {
@@ -218,7 +220,11 @@ func (r *rentalView) scheduled(m *shizuv1.RentalScheduled, at time.Time) {
 		r.Plan, r.Shape = planName(m.GetSpec().GetPlan()), shape(m.GetSpec())
 	}
 	r.setState(stateScheduled, "", at)
-	r.add(at, "scheduled", fmt.Sprintf("on %s GPU %s (%s), attempt %d", m.GetNodeId(), joinInts(r.GPUs), m.GetGpuModel(), m.GetAttempt()))
+	detail := fmt.Sprintf("on %s GPU %s (%s), attempt %d", m.GetNodeId(), joinInts(r.GPUs), m.GetGpuModel(), m.GetAttempt())
+	if prevModel != "" && prevModel != r.Model {
+		detail += "; model changed from " + prevModel // a move onto another model
+	}
+	r.add(at, "scheduled", detail)
 }
 
 // stopped folds the end of a run: it closes the attempt's segment, and
@@ -275,14 +281,36 @@ func metaOf(m proto.Message) *shizuv1.EventMeta {
 
 // charge is what one rental has been billed so far.
 type charge struct {
-	Rental   string `json:"rental_id"`
-	Plan     string `json:"plan"`
-	Model    string `json:"model"`
-	Seconds  int64  `json:"seconds"`
-	Records  int    `json:"records"`
-	Micros   int64  `json:"amount_micros"`
-	Currency string `json:"currency"`
-	Through  string `json:"billed_through"`
+	Rental string `json:"rental_id"`
+	Plan   string `json:"plan"`
+	Model  string `json:"model"`
+	// Models are every model billed, in order, when there was more than
+	// one (a migration that changed the model).
+	Models   []string `json:"models,omitempty"`
+	Seconds  int64    `json:"seconds"`
+	Records  int      `json:"records"`
+	Micros   int64    `json:"amount_micros"`
+	Currency string   `json:"currency"`
+	Through  string   `json:"billed_through"`
+}
+
+// billedOn notes a record's model; a second model lists them all.
+func (c *charge) billedOn(model string) {
+	if model == "" || model == c.Model && len(c.Models) == 0 || slices.Contains(c.Models, model) {
+		return
+	}
+	if len(c.Models) == 0 {
+		c.Models = []string{c.Model}
+	}
+	c.Models = append(c.Models, model)
+}
+
+// modelColumn is the model, or the models in order when it changed.
+func (c charge) modelColumn() string {
+	if len(c.Models) > 1 {
+		return strings.Join(c.Models, "→")
+	}
+	return c.Model
 }
 
 // invoiceView is a closed invoice.
@@ -323,6 +351,7 @@ func bill(tenant string, events []event) billView {
 				byRental[m.GetRentalId()] = c
 				order = append(order, m.GetRentalId())
 			}
+			c.billedOn(m.GetModel())
 			c.Seconds += m.GetSeconds()
 			c.Records++
 			c.Micros += m.GetAmount().GetMicros()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -364,5 +365,35 @@ func TestAdviseOffline(t *testing.T) {
 	code := run(t.Context(), []string{"advise", "-offline", "-spot-price", "0.80", "-training-gpu-hours", "100", "-training-gpus", "4", "-o", "json"}, &out, &errOut)
 	if code != 0 || !strings.Contains(out.String(), `"SavingMicros"`) || !strings.Contains(out.String(), "assumed flat spot price 0.800000 USD") {
 		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errOut.String())
+	}
+}
+
+func TestShowAndBillNameAModelChangeAcrossAMigration(t *testing.T) {
+	t.Parallel()
+	spec := &shizuv1.RentalSpec{GpuCount: 1, MilliGpu: 1000, Plan: shizuv1.Plan_PLAN_ON_DEMAND}
+	sched := func(node, model string, attempt int32, at time.Time) *shizuv1.RentalScheduled {
+		return &shizuv1.RentalScheduled{Meta: meta("s", at), RentalId: "r-1", TenantId: "acme", NodeId: node, Attempt: attempt, Spec: spec,
+			GpuModel: model, Gpus: []*shizuv1.GpuAssignment{{GpuIndex: 0}}}
+	}
+	rs := rentals(evs(
+		&shizuv1.RentalRequested{Meta: meta("q", t0), RentalId: "r-1", TenantId: "acme", Spec: spec},
+		sched("n1", "A100-SXM4-80GB", 1, t0.Add(time.Millisecond)),
+		&shizuv1.RentalMigrating{Meta: meta("m", t0.Add(10*time.Second)), RentalId: "r-1", TenantId: "acme", FromNodeId: "n1",
+			Reason: shizuv1.MigrationReason_MIGRATION_REASON_NODE_LOST, FromAttempt: 1, NextAttempt: 2},
+		sched("n2", "H100-SXM5-80GB", 2, t0.Add(12*time.Second)),
+	))
+	last := rs[0].Timeline[len(rs[0].Timeline)-1]
+	if rs[0].Model != "H100-SXM5-80GB" || !strings.Contains(last.Detail, "model changed from A100-SXM4-80GB") {
+		t.Fatalf("show: model %s, last step %+v; want the new model and the change named", rs[0].Model, last)
+	}
+	rec := func(id, model string) *shizuv1.UsageRecorded {
+		return &shizuv1.UsageRecorded{Meta: meta(id, t0), RentalId: "r-1", TenantId: "acme", Plan: shizuv1.Plan_PLAN_ON_DEMAND, Model: model,
+			IntervalStart: timestamppb.New(t0), IntervalEnd: timestamppb.New(t0.Add(10 * time.Second)), Seconds: 10,
+			Amount: &shizuv1.Money{Micros: 1000, Currency: "USD"}}
+	}
+	v := bill("acme", evs(rec("u1", "A100-SXM4-80GB"), rec("u2", "A100-SXM4-80GB"), rec("u3", "H100-SXM5-80GB")))
+	if c := v.Charges[0]; c.Model != "A100-SXM4-80GB" || !slices.Equal(c.Models, []string{"A100-SXM4-80GB", "H100-SXM5-80GB"}) ||
+		c.modelColumn() != "A100-SXM4-80GB→H100-SXM5-80GB" {
+		t.Fatalf("bill: charge %+v, want both models named in order", c)
 	}
 }

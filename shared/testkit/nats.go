@@ -22,6 +22,10 @@ import (
 type NATS struct {
 	Server *server.Server
 	URL    string
+	// opts are the options it started with, and port the port it listens
+	// on, for Restart.
+	opts *server.Options
+	port int
 }
 
 // StartNATS starts a JetStream-enabled nats-server on a random loopback port
@@ -41,21 +45,18 @@ func StartNATS(t testing.TB, mutate ...func(*server.Options)) *NATS {
 	for _, m := range mutate {
 		m(opts)
 	}
-	ns := runServer(t, opts)
-	return &NATS{Server: ns, URL: ns.ClientURL()}
-}
-
-func runServer(t testing.TB, opts *server.Options) *server.Server {
-	t.Helper()
 	ns, err := embednats.Start(opts, 10*time.Second)
 	if err != nil {
 		t.Fatalf("testkit: %v", err)
 	}
+	n := &NATS{Server: ns, URL: ns.ClientURL(), opts: opts.Clone(), port: ns.Addr().(*net.TCPAddr).Port}
+	// The server running at cleanup (Restart may have replaced it) stops
+	// where the first one would have, after everything started later.
 	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
+		n.Server.Shutdown()
+		n.Server.WaitForShutdown()
 	})
-	return ns
+	return n
 }
 
 // Connect opens a client connection to the server, closed by t.Cleanup.

@@ -65,3 +65,28 @@ func TestClusterCreatesReplicatedStream(t *testing.T) {
 		t.Fatalf("stream has replicas=%d peers=%d, want 3 and 2 followers", info.Config.Replicas, len(info.Cluster.Replicas))
 	}
 }
+
+func TestNATSRestartsOnItsPortAndStore(t *testing.T) {
+	t.Parallel()
+	n := testkit.StartNATS(t)
+	_, js := n.JetStream(t)
+	if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: "KEPT", Subjects: []string{"kept"},
+		Storage: jetstream.FileStorage}); err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	if _, err := js.Publish(t.Context(), "kept", []byte("x")); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	n.Stop(t)
+	n.Restart(t)
+	testkit.Eventually(t, 10*time.Second, func() error {
+		s, err := js.Stream(t.Context(), "KEPT")
+		if err != nil {
+			return err
+		}
+		if got := s.CachedInfo().State.Msgs; got != 1 {
+			t.Fatalf("after the restart the stream holds %d messages, want 1", got)
+		}
+		return nil
+	})
+}

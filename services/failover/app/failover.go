@@ -69,6 +69,9 @@ func New(cfg Config, d Deps) (*Failover, error) {
 	if d.Source == "" {
 		d.Source = "failover"
 	}
+	// After failover could not see the heartbeats, every node gets one
+	// TTL to beat again (see sight.go).
+	cfg.Detect.Grace = d.Heartbeats.TTL()
 	det, err := detect.New(cfg.Detect)
 	if err != nil {
 		return nil, err
@@ -102,7 +105,7 @@ func (f *Failover) rentalRouter() *bus.Router {
 	r := bus.NewRouter()
 	bus.On(r, f.onScheduled)
 	bus.On(r, f.onStarted)
-	bus.On(r, f.onStopped)
+	r.Handle(rentalStoppedName, f.onStoppedRaw) // bus.On, but a clock-stepped stop is a stop (stopped.go)
 	return r
 }
 
@@ -116,10 +119,12 @@ func (f *Failover) kick() {
 // run watches heartbeats (and disconnects, when given) and acts on
 // decisions until ctx ends.
 func (f *Failover) run(ctx context.Context, disconnects <-chan Disconnect) error {
-	changes, err := f.d.Heartbeats.Watch(ctx)
+	reconnected := f.watchConnection()
+	w, err := f.watchHeartbeats(ctx, heartbeatWatch{})
 	if err != nil {
 		return err
 	}
+	defer func() { w.stop() }()
 	tick := time.NewTicker(f.cfg.Tick)
 	defer tick.Stop()
 	sweep := time.NewTicker(f.cfg.Sweep)
@@ -132,7 +137,13 @@ func (f *Failover) run(ctx context.Context, disconnects <-chan Disconnect) error
 		select {
 		case <-ctx.Done():
 			return nil
-		case ch, ok := <-changes:
+		case <-reconnected:
+			// A new watch replays every live key; the old one would resume
+			// only after its idle heartbeats were missed (see sight.go).
+			if w, err = f.watchHeartbeats(ctx, w); err != nil {
+				return nil // ctx ended
+			}
+		case ch, ok := <-w.changes:
 			if !ok {
 				if ctx.Err() != nil {
 					return nil

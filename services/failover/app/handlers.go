@@ -200,7 +200,7 @@ func (f *Failover) onDrained(_ context.Context, ev *shizuv1.NodeDrained, _ bus.D
 // attempt are what a move re-queues) and measures fence-to-scheduled.
 func (f *Failover) onScheduled(ctx context.Context, ev *shizuv1.RentalScheduled, _ bus.Delivery) error {
 	if err := f.placements.Put(ctx, ev.GetRentalId(), migrate.Placement{Attempt: ev.GetAttempt(), Tenant: ev.GetTenantId(),
-		Node: ev.GetNodeId(), Spec: ev.GetSpec()}); err != nil {
+		Node: ev.GetNodeId(), Spec: ev.GetSpec(), Model: ev.GetGpuModel(), VRAMMiB: gpuVRAM(ev.GetGpus())}); err != nil {
 		return err
 	}
 	m, ok, err := f.moves.Get(ctx, ev.GetRentalId())
@@ -210,6 +210,18 @@ func (f *Failover) onScheduled(ctx context.Context, ev *shizuv1.RentalScheduled,
 	f.d.Metrics.scheduled(ctx, ev.GetMeta().GetOccurredAt().AsTime().Sub(m.DecidedAt))
 	m.Scheduled = true
 	return f.moves.Put(ctx, m)
+}
+
+// gpuVRAM is the memory per GPU of a placement: the least of its GPUs'
+// (all of one model); 0 when none says.
+func gpuVRAM(gs []*shizuv1.GpuAssignment) int64 {
+	var least int64
+	for _, g := range gs {
+		if v := g.GetVramMib(); v > 0 && (least == 0 || v < least) {
+			least = v
+		}
+	}
+	return least
 }
 
 // onStarted completes a migration: the new attempt runs. A

@@ -24,6 +24,8 @@ const (
 	metricMigrations     = "shizu.failover.migrations"
 	metricMoveFailures   = "shizu.failover.move_failures"
 	metricQuarantines    = "shizu.failover.quarantines"
+	metricWatchRestarts  = "shizu.failover.heartbeat_watch_restarts"
+	metricClampedStops   = "shizu.failover.clamped_stops"
 )
 
 // Metrics are failover's instruments; a nil *Metrics records nothing.
@@ -35,6 +37,8 @@ type Metrics struct {
 	migrations     metric.Int64Counter
 	moveFailures   metric.Int64Counter
 	quarantines    metric.Int64Counter
+	watchRestarts  metric.Int64Counter
+	clampedStops   metric.Int64Counter
 }
 
 // NewMetrics creates the instruments on mp.
@@ -62,6 +66,12 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 		metric.WithDescription("Moves that can never be handed to the scheduler (invalid input), by reason; the rental stays on its old node."))
 	add(err)
 	x.quarantines, err = m.Int64Counter(metricQuarantines, metric.WithDescription("Flapping nodes quarantined."))
+	add(err)
+	x.watchRestarts, err = m.Int64Counter(metricWatchRestarts,
+		metric.WithDescription("Heartbeat watches restarted after failover's NATS connection came back (each followed by one TTL of grace)."))
+	add(err)
+	x.clampedStops, err = m.Int64Counter(metricClampedStops,
+		metric.WithDescription("RentalStopped events whose stopped_at is before their started_at (an agent's clock stepped back), handled as stops."))
 	add(err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -108,5 +118,17 @@ func (m *Metrics) moveFailed(ctx context.Context, reason string) {
 func (m *Metrics) quarantined(ctx context.Context) {
 	if m != nil {
 		m.quarantines.Add(ctx, 1)
+	}
+}
+
+func (m *Metrics) watchRestarted(ctx context.Context) {
+	if m != nil {
+		m.watchRestarts.Add(ctx, 1)
+	}
+}
+
+func (m *Metrics) clampedStop(ctx context.Context) {
+	if m != nil {
+		m.clampedStops.Add(ctx, 1)
 	}
 }

@@ -76,7 +76,8 @@ func nodeLost(l detect.Loss, epoch uint64, rentals int, source string) *shizuv1.
 }
 
 // rentalMigrating hands m to the scheduler; the spec comes from the
-// rental's placement (the same for every attempt), when failover saw it.
+// rental's placement (the same for every attempt), when failover saw it,
+// with at least the GPU memory it ran with (migrate.ReplacementSpec).
 func rentalMigrating(m migrate.Record, pl migrate.Placement, known bool, source string) *shizuv1.RentalMigrating {
 	id := fmt.Sprintf("rental:%s:migrating:%d", m.Rental, m.NextAttempt)
 	if m.NextAttempt == 0 {
@@ -89,7 +90,7 @@ func rentalMigrating(m migrate.Record, pl migrate.Placement, known bool, source 
 		FromAttempt: m.FromAttempt, NextAttempt: m.NextAttempt,
 	}
 	if known {
-		ev.Spec = pl.Spec
+		ev.Spec = migrate.ReplacementSpec(pl)
 		ev.CheckpointUri = pl.Spec.GetCheckpointUri()
 	}
 	return ev

@@ -94,7 +94,7 @@ func unavailable(op string, err error) error {
 var putPlacementScript = redis.NewScript(`
 local cur = redis.call('HGET', KEYS[1], 'attempt')
 if cur and tonumber(cur) > tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'attempt', ARGV[1], 'tenant', ARGV[2], 'node', ARGV[3], 'spec', ARGV[4])
+redis.call('HSET', KEYS[1], 'attempt', ARGV[1], 'tenant', ARGV[2], 'node', ARGV[3], 'spec', ARGV[4], 'model', ARGV[5], 'vram_mib', ARGV[6])
 return 1`)
 
 var forgetPlacementScript = redis.NewScript(`
@@ -107,7 +107,8 @@ func (r redisPlacements) Put(ctx context.Context, rental string, p migrate.Place
 	if err != nil {
 		return fault.Invalid("encode spec of %s: %w", rental, err)
 	}
-	if err := putPlacementScript.Run(ctx, r.rdb, []string{r.rentalKey(rental)}, p.Attempt, p.Tenant, p.Node, spec).Err(); err != nil {
+	if err := putPlacementScript.Run(ctx, r.rdb, []string{r.rentalKey(rental)}, p.Attempt, p.Tenant, p.Node, spec,
+		p.Model, p.VRAMMiB).Err(); err != nil {
 		return unavailable("store placement", err)
 	}
 	return nil
@@ -140,7 +141,11 @@ func decodePlacement(rental string, vals map[string]string) (migrate.Placement, 
 	if err := proto.Unmarshal([]byte(vals["spec"]), spec); err != nil {
 		return migrate.Placement{}, false, fmt.Errorf("failover records: placement of %s: %w", rental, err)
 	}
-	return migrate.Placement{Attempt: int32(a), Tenant: vals["tenant"], Node: vals["node"], Spec: spec}, true, nil
+	// model and vram_mib are absent from records written before they were
+	// kept: no memory floor then.
+	vram, _ := strconv.ParseInt(vals["vram_mib"], 10, 64)
+	return migrate.Placement{Attempt: int32(a), Tenant: vals["tenant"], Node: vals["node"], Spec: spec,
+		Model: vals["model"], VRAMMiB: vram}, true, nil
 }
 
 // GetMany takes one pipelined round trip.

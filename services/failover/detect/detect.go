@@ -66,6 +66,12 @@ type Config struct {
 	// window doubles it, up to QuarantineMax.
 	QuarantineBase time.Duration
 	QuarantineMax  time.Duration
+	// Grace: after a period in which failover could not observe the
+	// heartbeats (its connection dropped, NATS restarted), every node gets
+	// this long (one heartbeat TTL) from the moment it observes them again
+	// before a missing beat is judged. A beat not seen while blind is not
+	// missing: the outage was NATS's, not the node's.
+	Grace time.Duration
 }
 
 // DefaultConfig fits the default 1 s heartbeat and 3 s TTL.
@@ -77,6 +83,7 @@ func DefaultConfig() Config {
 		FlapThreshold:   3,
 		QuarantineBase:  time.Minute,
 		QuarantineMax:   30 * time.Minute,
+		Grace:           3 * time.Second,
 	}
 }
 
@@ -97,6 +104,9 @@ func (c Config) Validate() error {
 	}
 	if c.QuarantineBase <= 0 || c.QuarantineMax < c.QuarantineBase {
 		errs = append(errs, fmt.Errorf("quarantine: base %s, max %s, want 0 < base <= max", c.QuarantineBase, c.QuarantineMax))
+	}
+	if c.Grace < 0 {
+		errs = append(errs, fmt.Errorf("grace: %s, want >= 0", c.Grace))
 	}
 	return errors.Join(errs...)
 }
@@ -151,6 +161,17 @@ type node struct {
 type Detector struct {
 	cfg   Config
 	nodes map[string]*node
+	sight sight
+}
+
+// sight is what failover could see of the heartbeats: a missing beat is
+// judged only while it sees them, and one Grace after it saw them again.
+type sight struct {
+	blind bool
+	// lostAt is when the current blind period began.
+	lostAt time.Time
+	// judgeFrom: no missing beat is judged before it.
+	judgeFrom time.Time
 }
 
 // New returns a detector.
@@ -158,7 +179,54 @@ func New(cfg Config) (*Detector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("detect: %w", err)
 	}
+	// A new detector sees the heartbeats; a caller that cannot yet calls
+	// Unobserved.
 	return &Detector{cfg: cfg, nodes: map[string]*node{}}, nil
+}
+
+// Unobserved records that failover stopped seeing the heartbeats at at
+// (its connection to NATS dropped, its watch ended): from then until
+// Observed and one Grace after it, no missing beat is judged.
+func (d *Detector) Unobserved(at time.Time) {
+	if !d.sight.blind {
+		d.sight = sight{blind: true, lostAt: at, judgeFrom: d.sight.judgeFrom}
+	}
+}
+
+// Observed records that failover sees the heartbeats again from at (a new
+// watch replays every live key). Every node gets one Grace from at: a
+// node whose last beat came before failover lost sight is suspected as if
+// its key had expired then (its expiry may have come and gone unseen), so
+// it is lost at at+Grace unless it beats meanwhile; a node that beat since
+// is cleared by that beat.
+func (d *Detector) Observed(at time.Time) {
+	if !d.sight.blind {
+		return
+	}
+	lostAt := d.sight.lostAt
+	d.sight = sight{judgeFrom: at.Add(d.cfg.Grace)}
+	for _, n := range d.nodes {
+		if n.epoch != 0 && n.expiredAt.IsZero() && n.lastBeat.Before(lostAt) {
+			n.expiredAt = lostAt
+		}
+	}
+}
+
+// judging reports whether a missing beat may be judged at now.
+func (d *Detector) judging(now time.Time) bool {
+	return !d.sight.blind && !now.Before(d.sight.judgeFrom)
+}
+
+// judgedBy is when a missing beat due at due can be judged: not before the
+// grace after failover saw the heartbeats again; zero while blind.
+func (d *Detector) judgedBy(due time.Time) time.Time {
+	if d.sight.blind || due.IsZero() {
+		return time.Time{}
+	}
+	if due.Before(d.sight.judgeFrom) {
+		return d.sight.judgeFrom
+	}
+	return due
 }
 
 func (d *Detector) node(id string) *node {
@@ -370,14 +438,17 @@ func (d *Detector) confirm(id string, n *node, now time.Time) (Loss, bool) {
 		return Loss{}, false // no beat or registration seen yet: nothing to fence
 	}
 	l := Loss{Node: id, Epoch: n.epoch, LastBeat: n.lastBeat, ConfirmedAt: now}
+	// A disconnect or an expiry is a missing beat: judged only while
+	// failover sees the heartbeats (see Observed).
+	judge := d.judging(now)
 	switch {
 	case !n.failedAt.IsZero():
 		l.Reason, l.SuspectedAt = ReasonFatalHealth, n.failedAt
-	case !n.disconnectedAt.IsZero() && !n.drained && !now.Before(n.disconnectDue(d.cfg.DisconnectGrace)):
+	case judge && !n.disconnectedAt.IsZero() && !n.drained && !now.Before(n.disconnectDue(d.cfg.DisconnectGrace)):
 		l.Reason, l.SuspectedAt = ReasonDisconnected, n.disconnectedAt
 	case !n.deadline.IsZero() && !now.Before(n.deadline):
 		l.Reason, l.SuspectedAt = ReasonDeadlinePassed, n.deadline
-	case !n.expiredAt.IsZero() && !n.drained && !now.Before(n.expiredAt.Add(d.cfg.Confirm)):
+	case judge && !n.expiredAt.IsZero() && !n.drained && !now.Before(n.expiredAt.Add(d.cfg.Confirm)):
 		l.Reason, l.SuspectedAt = ReasonHeartbeatExpired, n.expiredAt
 	default:
 		return Loss{}, false
@@ -409,11 +480,11 @@ func (d *Detector) NextWake(now time.Time) time.Time {
 			consider(now)
 		}
 		if !n.disconnectedAt.IsZero() {
-			consider(n.disconnectDue(d.cfg.DisconnectGrace))
+			consider(d.judgedBy(n.disconnectDue(d.cfg.DisconnectGrace)))
 		}
 		consider(n.deadline)
 		if !n.expiredAt.IsZero() {
-			consider(n.expiredAt.Add(d.cfg.Confirm))
+			consider(d.judgedBy(n.expiredAt.Add(d.cfg.Confirm)))
 		}
 	}
 	return next
@@ -431,7 +502,7 @@ func (d *Detector) LossesDueBy(now, by time.Time) time.Time {
 		if n.epoch == 0 || (n.reported != 0 && n.reported >= n.epoch) {
 			continue
 		}
-		for _, due := range []time.Time{disconnectDueOf(n, d.cfg.DisconnectGrace), expiryDueOf(n, d.cfg.Confirm)} {
+		for _, due := range []time.Time{d.judgedBy(disconnectDueOf(n, d.cfg.DisconnectGrace)), d.judgedBy(expiryDueOf(n, d.cfg.Confirm))} {
 			if due.After(now) && !due.After(by) && due.After(last) {
 				last = due
 			}

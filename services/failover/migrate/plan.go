@@ -98,6 +98,10 @@ type Placement struct {
 	Tenant  string
 	Node    string
 	Spec    *shizuv1.RentalSpec
+	// Model and VRAMMiB (per GPU) of the GPUs it was given
+	// (RentalScheduled.gpu_model and gpus); see ReplacementSpec.
+	Model   string
+	VRAMMiB int64
 }
 
 // Allocation is a rental's allocation on the node a failure moves it off.

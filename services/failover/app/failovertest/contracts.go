@@ -74,13 +74,15 @@ func must(t *testing.T, err error) {
 // RunPlacementRecordsContract checks what the failover app relies on of
 // its placement records.
 func RunPlacementRecordsContract(t *testing.T, newRecords func(t *testing.T) PlacementRecords) {
-	t.Run("a placement reads back as stored, spec included", func(t *testing.T) {
+	t.Run("a placement reads back as stored, spec and GPU model included", func(t *testing.T) {
 		r := newRecords(t)
-		want := migrate.Placement{Attempt: 1, Tenant: "acme", Node: "n1", Spec: Spec(shizuv1.Plan_PLAN_RESERVED)}
+		want := migrate.Placement{Attempt: 1, Tenant: "acme", Node: "n1", Spec: Spec(shizuv1.Plan_PLAN_RESERVED),
+			Model: "A100-SXM4-80GB", VRAMMiB: 81920}
 		must(t, r.Put(t.Context(), "r1", want))
 		got, ok, err := r.Get(t.Context(), "r1")
 		must(t, err)
-		if !ok || got.Attempt != 1 || got.Tenant != "acme" || got.Node != "n1" || !proto.Equal(got.Spec, want.Spec) {
+		if !ok || got.Attempt != 1 || got.Tenant != "acme" || got.Node != "n1" || !proto.Equal(got.Spec, want.Spec) ||
+			got.Model != want.Model || got.VRAMMiB != want.VRAMMiB {
 			t.Fatalf("read %+v (%v), want %+v", got, ok, want)
 		}
 	})
