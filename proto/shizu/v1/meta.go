@@ -38,3 +38,19 @@ func Truncate(s string, maxBytes int) string {
 	}
 	return s[:cut]
 }
+
+// ClampStop moves a stopped_at before started_at to started_at and reports
+// whether it did. An agent whose wall clock stepped back during a short run
+// stamps exactly such a stop, and the run did end: a consumer that must act
+// on the end (free the capacity, forget the rental) clamps before it
+// validates, and flags the stop, instead of dead-lettering it. Metering has
+// its own rule for what to bill (ledger.TrustedStop).
+func ClampStop(ev *RentalStopped) bool {
+	start, stop := ev.GetStartedAt(), ev.GetStoppedAt()
+	if start == nil || stop == nil || start.CheckValid() != nil || stop.CheckValid() != nil ||
+		!stop.AsTime().Before(start.AsTime()) {
+		return false
+	}
+	ev.StoppedAt = timestamppb.New(start.AsTime())
+	return true
+}

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 func TestTruncateNeverSplitsARuneAndAlwaysEncodes(t *testing.T) {
@@ -49,5 +50,28 @@ func TestNewMetaFillsEveryField(t *testing.T) {
 	if m.GetEventId() != "id" || m.GetSource() != "scheduler" || m.GetCausationId() != "cause" ||
 		m.GetCorrelationId() != "rental-1" || !m.GetOccurredAt().AsTime().Equal(at) {
 		t.Fatalf("NewMeta = %v", m)
+	}
+}
+
+func TestClampStopMovesOnlyAStopBeforeItsStart(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 11, 2, 9, 0, 15, 0, time.UTC)
+	for _, c := range []struct {
+		name    string
+		stop    time.Time
+		clamped bool
+		want    time.Time
+	}{
+		{"before the start", start.Add(-10 * time.Second), true, start},
+		{"at the start", start, false, start},
+		{"after the start", start.Add(time.Minute), false, start.Add(time.Minute)},
+	} {
+		ev := &RentalStopped{StartedAt: timestamppb.New(start), StoppedAt: timestamppb.New(c.stop)}
+		if got := ClampStop(ev); got != c.clamped || !ev.GetStoppedAt().AsTime().Equal(c.want) {
+			t.Errorf("%s: clamped %v, stopped_at %s; want %v, %s", c.name, got, ev.GetStoppedAt().AsTime(), c.clamped, c.want)
+		}
+	}
+	if ClampStop(&RentalStopped{StartedAt: timestamppb.New(start)}) {
+		t.Error("a stop without stopped_at was clamped (validation must refuse it)")
 	}
 }

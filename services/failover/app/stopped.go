@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/bus"
@@ -23,7 +22,7 @@ func (f *Failover) onStoppedRaw(ctx context.Context, d bus.Delivery) error {
 	if err := proto.Unmarshal(d.Data, ev); err != nil {
 		return fault.Invalid("decode %s: %w", rentalStoppedName, err)
 	}
-	clamped := clampStop(ev)
+	clamped := shizuv1.ClampStop(ev)
 	if err := ev.Validate(); err != nil {
 		return fault.Invalid("validate %s: %w", rentalStoppedName, err)
 	}
@@ -36,15 +35,3 @@ func (f *Failover) onStoppedRaw(ctx context.Context, d bus.Delivery) error {
 }
 
 var rentalStoppedName = string((&shizuv1.RentalStopped{}).ProtoReflect().Descriptor().FullName())
-
-// clampStop moves a stopped_at before started_at to started_at; it
-// reports whether it did.
-func clampStop(ev *shizuv1.RentalStopped) bool {
-	start, stop := ev.GetStartedAt(), ev.GetStoppedAt()
-	if start == nil || stop == nil || start.CheckValid() != nil || stop.CheckValid() != nil ||
-		!stop.AsTime().Before(start.AsTime()) {
-		return false
-	}
-	ev.StoppedAt = timestamppb.New(start.AsTime())
-	return true
-}

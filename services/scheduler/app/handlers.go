@@ -237,6 +237,29 @@ func (s *Scheduler) cancelNextAttempt(ctx context.Context, ev *shizuv1.RentalCan
 	return b.Wait(ctx)
 }
 
+// onStoppedRaw decodes and validates a RentalStopped as bus.On does, except
+// for a stop stamped before its start (an agent whose wall clock stepped
+// back during a short run): the run did end, so it is handled as a stop at
+// its start (shizuv1.ClampStop) and flagged (a warning and
+// shizu.scheduler.clamped_stops) instead of dead-lettered, which would
+// keep its GPU allocated forever. Anything else invalid is dead-lettered.
+func (s *Scheduler) onStoppedRaw(ctx context.Context, d bus.Delivery) error {
+	ev := &shizuv1.RentalStopped{}
+	if err := proto.Unmarshal(d.Data, ev); err != nil {
+		return fault.Invalid("decode %s: %w", bus.EventName(ev), err)
+	}
+	clamped := shizuv1.ClampStop(ev)
+	if err := ev.Validate(); err != nil {
+		return fault.Invalid("validate %s: %w", bus.EventName(ev), err)
+	}
+	if clamped {
+		s.d.Metrics.clampedStop(ctx)
+		s.d.Log.WarnContext(ctx, "rental stop stamped before its start (the agent's clock stepped back); its capacity is given back",
+			"rental", ev.GetRentalId(), "node", ev.GetNodeId(), "attempt", ev.GetAttempt())
+	}
+	return s.onStopped(ctx, ev, d)
+}
+
 // onStopped gives a stopped rental's capacity back (only the allocation on
 // the node that reports the stop: a rental re-placed elsewhere keeps its
 // new one), then wakes the pending requests.

@@ -24,6 +24,7 @@ const (
 	metricFragAmt  = "shizu.scheduler.fragmentation.amount"
 	metricFragRate = "shizu.scheduler.fragmentation.rate"
 	metricAlloc    = "shizu.scheduler.allocation.ratio"
+	metricClamped  = "shizu.scheduler.clamped_stops"
 )
 
 // Metrics are the scheduler's instruments; a nil *Metrics records nothing.
@@ -33,6 +34,7 @@ type Metrics struct {
 	conflicts metric.Int64Counter
 	refreshes metric.Int64Counter
 	preempts  metric.Int64Counter
+	clamped   metric.Int64Counter
 	// frag is the latest fragmentation measure of the replica's view,
 	// published by the loop and read by the gauges' callback.
 	frag atomic.Pointer[placement.FragStats]
@@ -56,6 +58,9 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	x.refreshes, err = m.Int64Counter(metricRefresh, metric.WithDescription("Full reads of the capacity store."))
 	e = append(e, err)
 	x.preempts, err = m.Int64Counter(metricPreempt, metric.WithDescription("Spot rentals preempted."))
+	e = append(e, err)
+	x.clamped, err = m.Int64Counter(metricClamped,
+		metric.WithDescription("RentalStopped events stamped before their start (an agent's clock stepped back), handled as stops at their start."))
 	e = append(e, err)
 	amount, err := m.Float64ObservableGauge(metricFragAmt, metric.WithUnit("{GPU}"),
 		metric.WithDescription("Expected fragmented GPU under the recent workload (FGD measure F(M)), in GPUs."))
@@ -108,6 +113,12 @@ func (m *Metrics) latency(ctx context.Context, j *job, now time.Time) {
 func (m *Metrics) conflict(ctx context.Context) {
 	if m != nil {
 		m.conflicts.Add(ctx, 1)
+	}
+}
+
+func (m *Metrics) clampedStop(ctx context.Context) {
+	if m != nil {
+		m.clamped.Add(ctx, 1)
 	}
 }
 

@@ -146,7 +146,7 @@ func (s *Scheduler) Router() *bus.Router {
 	r.Handle(bus.EventName(&shizuv1.RentalRequested{}), s.onRequested)
 	r.EventForSubject(subject.RentalRequestedAll, bus.EventName(&shizuv1.RentalRequested{}))
 	bus.On(r, s.onCancel)
-	bus.On(r, s.onStopped)
+	r.Handle(bus.EventName(&shizuv1.RentalStopped{}), s.onStoppedRaw) // bus.On, but a clock-stepped stop is a stop
 	bus.On(r, s.onMigrating)
 	bus.On(r, s.onHealth)
 	return r
