@@ -278,3 +278,48 @@ func TestADeadLetterThatCannotBeStoredEndsOnTheLastDelivery(t *testing.T) {
 		t.Fatalf("outcomes %v: want 2 failed copies and 1 termination without a copy", outcomes)
 	}
 }
+
+// A message with a publish expectation whose handler never answers is
+// dead-lettered by the exhausted-delivery forwarder: its copy drops the
+// expectation too.
+func TestAnExhaustedDeliveryWithAPublishExpectationIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	_, c := setup(t, bus.Instruments{})
+	release := make(chan struct{})
+	r := bus.NewRouter()
+	r.Handle("shizu.v1.RentalRequested", func(context.Context, bus.Delivery) error {
+		<-release
+		return nil
+	})
+	spec := bus.Consumer{Stream: topology.StreamRentals, Durable: "hung-expectation",
+		FilterSubjects: []string{requestedSubject}, MaxDeliver: 2, AckWait: 300 * time.Millisecond}
+	sub, err := c.Consume(t.Context(), spec, r, bus.ConsumeOptions{Concurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 5*time.Second)
+		defer cancel()
+		_ = sub.Drain(ctx)
+	}()
+	defer close(release)
+	m := nats.NewMsg(requestedSubject)
+	m.Data = garbage
+	m.Header.Set(bus.HeaderEvent, "shizu.v1.RentalRequested")
+	m.Header.Set(bus.HeaderMsgID, "hung-1")
+	m.Header.Set("Nats-Expected-Stream", topology.StreamRentals)
+	if _, err := c.PublishMsg(t.Context(), m); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 30*time.Second, func() error {
+		hs := deadLetterHeaders(t, c)
+		if len(hs) != 1 {
+			return fmt.Errorf("%d dead letters", len(hs))
+		}
+		if !strings.Contains(hs[0].Get(bus.HeaderDLQReason), "without an answer") || hs[0].Get("Nats-Expected-Stream") != "" ||
+			hs[0].Get("Shizu-Dlq-Original-Nats-Expected-Stream") != topology.StreamRentals {
+			return fmt.Errorf("dead letter headers %v", hs[0])
+		}
+		return nil
+	})
+}
