@@ -67,13 +67,31 @@ func agentCmd(verb string) string {
 // Carried returns the event type of every Shizu subject.
 func Carried() []SubjectEvent { return append([]SubjectEvent(nil), carried...) }
 
+// carriedTokens are carried's subjects split into tokens once: EventOn
+// runs on every delivery.
+var carriedTokens = func() [][]string {
+	out := make([][]string, len(carried))
+	for i, se := range carried {
+		out[i] = strings.Split(se.Subject, ".")
+	}
+	return out
+}()
+
 // EventOn returns the event type subj carries, false for a subject outside
-// Shizu's contract.
+// Shizu's contract. (The contract's subjects use '*' only, never '>'.)
 func EventOn(subj string) (string, bool) {
-	for _, se := range carried {
-		if subject.Matches(se.Subject, subj) {
-			return se.Event, true
+	toks := strings.Split(subj, ".")
+next:
+	for i, pat := range carriedTokens {
+		if len(pat) != len(toks) {
+			continue
 		}
+		for j, p := range pat {
+			if p != "*" && p != toks[j] {
+				continue next
+			}
+		}
+		return carried[i].Event, true
 	}
 	return "", false
 }
