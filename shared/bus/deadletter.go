@@ -111,6 +111,12 @@ func (w *worker) deadLetter(ctx context.Context, m jetstream.Msg, d Delivery, re
 	}
 	cp, err := deadLetterMsg(stream, w.spec.Durable, d.Subject, d.StreamSeq, d.Delivered, d.Header, d.Data, reason)
 	if err == nil {
+		if claim := cp.Header.Values(HeaderEvent); d.Event == unusableEvent && len(claim) > 0 {
+			// A type the subject contradicts stays readable, but is not
+			// the copy's event (nor an unbounded metric label).
+			cp.Header[HeaderDLQOriginal+HeaderEvent] = claim
+			cp.Header.Del(HeaderEvent)
+		}
 		err = w.c.storeDeadLetter(ctx, cp)
 	}
 	if err == nil {

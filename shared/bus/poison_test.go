@@ -286,6 +286,9 @@ func deadLetterReasons(t *testing.T, c *bus.Conn) map[string]map[uint64]string {
 	t.Helper()
 	out := map[string]map[uint64]string{}
 	for _, h := range deadLetterHeaders(t, c) {
+		if claim := h.Get(bus.HeaderDLQOriginal + bus.HeaderEvent); claim != "" && h.Get(bus.HeaderEvent) != "" {
+			t.Errorf("dead letter of a contradicted type %s keeps it as its event %s", claim, h.Get(bus.HeaderEvent))
+		}
 		seq, _ := strconv.ParseUint(h.Get(bus.HeaderDLQStreamSeq), 10, 64)
 		durable := h.Get(bus.HeaderDLQConsumer)
 		if out[durable] == nil {
