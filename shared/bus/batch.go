@@ -38,9 +38,12 @@ type BatchOptions struct {
 	FastAck     bool
 }
 
-// ConsumeBatch is Consume for a handler of batches. Deliveries without a
-// Shizu-Event header keep an empty Event. Exhausted deliveries are
-// forwarded to the dead letters as with Consume.
+// ConsumeBatch is Consume for a handler of batches. A delivery's Event is
+// the type its subject carries (see Carried); a delivery without a type or
+// whose Shizu-Event header its subject contradicts is dead-lettered before
+// the handler sees it. A type the handler does not handle must get an error
+// (Unhandled), not nil. Exhausted deliveries are forwarded to the dead
+// letters as with Consume.
 func (c *Conn) ConsumeBatch(ctx context.Context, spec Consumer, h BatchHandlerFunc, opts BatchOptions) (*Subscription, error) {
 	cons, err := c.EnsureConsumer(ctx, spec)
 	if err != nil {
@@ -98,8 +101,17 @@ func (w *worker) handleBatch(ctx context.Context, h BatchHandlerFunc, msgs []jet
 			continue
 		}
 		hdr := m.Headers()
-		ds = append(ds, Delivery{Subject: m.Subject(), Event: hdr.Get(HeaderEvent), MsgID: hdr.Get(HeaderMsgID),
-			Header: hdr, Data: m.Data(), Delivered: md.NumDelivered, StreamSeq: md.Sequence.Stream})
+		d := Delivery{Subject: m.Subject(), Event: hdr.Get(HeaderEvent), MsgID: hdr.Get(HeaderMsgID),
+			Header: hdr, Data: m.Data(), Delivered: md.NumDelivered, StreamSeq: md.Sequence.Stream}
+		want, declared := EventOn(d.Subject)
+		event, err := typeOf(d, want, declared)
+		if err != nil { // unusable: never handed to the handler
+			d.Event = unusableEvent
+			w.deadLetter(ctx, m, d, err.Error())
+			continue
+		}
+		d.Event = event
+		ds = append(ds, d)
 		kept = append(kept, m)
 	}
 	if len(ds) == 0 {

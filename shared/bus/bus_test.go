@@ -320,21 +320,26 @@ func TestMaxDeliverDeadLettersTheLastFailure(t *testing.T) {
 	}
 }
 
-func TestUnknownEventTypesAreAcknowledged(t *testing.T) {
+// A consumer that takes a subject whose event it has no handler for
+// dead-letters it with the reason instead of acknowledging it unread.
+func TestAnEventWithoutAHandlerIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	_, c := setup(t, bus.Instruments{})
-	consume(t, c, testConsumer("unknown", 5), bus.NewRouter(), bus.ConsumeOptions{})
+	consume(t, c, testConsumer("unhandled", 5), bus.NewRouter(), bus.ConsumeOptions{})
 	if _, err := c.Publish(t.Context(), requestedSubject, rentalRequested("u-1", "r-1")); err != nil {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, 10*time.Second, func() error {
-		if consumerInfo(t, c, "unknown").AckFloor.Stream != 1 {
-			return errors.New("not acknowledged")
+		if consumerInfo(t, c, "unhandled").AckFloor.Stream != 1 {
+			return errors.New("not terminated")
+		}
+		if n := len(deadLetters(t, c)); n != 1 {
+			return fmt.Errorf("%d dead letters", n)
 		}
 		return nil
 	})
-	if n := len(deadLetters(t, c)); n != 0 {
-		t.Fatalf("unknown event type was dead-lettered")
+	if got := deadLetters(t, c)[0].Headers().Get(bus.HeaderDLQReason); !strings.Contains(got, "no handler for event shizu.v1.RentalRequested") {
+		t.Fatalf("reason %q", got)
 	}
 }
 

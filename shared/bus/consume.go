@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -16,7 +15,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
-	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/fault"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/telemetry"
@@ -53,9 +51,11 @@ type Delivery struct {
 // backoff delay, and the last allowed delivery is dead-lettered instead.
 type HandlerFunc func(ctx context.Context, d Delivery) error
 
-// Router maps event names to handlers. A delivery whose event has no
-// handler is acknowledged and counted, so a consumer keeps working when
-// producers add event types it does not know yet.
+// Router maps event names to handlers. The event of a delivery is the one
+// its subject carries (see Carried); a delivery the consumer cannot use is
+// dead-lettered with the reason: no event type, a Shizu-Event header its
+// subject contradicts (an unknown type included), or a type this router has
+// no handler for. Nothing is acknowledged unread.
 type Router struct {
 	handlers  map[string]HandlerFunc
 	bySubject []subjectEvent
@@ -69,8 +69,10 @@ func NewRouter() *Router { return &Router{handlers: map[string]HandlerFunc{}} }
 // Handle registers a handler for raw deliveries of one event name.
 func (r *Router) Handle(event string, h HandlerFunc) { r.handlers[event] = h }
 
-// EventForSubject names the event carried on subjects matching pattern, for
-// producers that do not set the Shizu-Event header.
+// EventForSubject names the event carried on subjects matching pattern,
+// for a subject outside Shizu's contract (the server's advisories) whose
+// messages have no Shizu-Event header. A subject of the contract already
+// names its event.
 func (r *Router) EventForSubject(pattern, event string) {
 	r.bySubject = append(r.bySubject, subjectEvent{pattern, event})
 }
@@ -99,17 +101,28 @@ func On[E proto.Message](r *Router, h func(ctx context.Context, ev E, d Delivery
 	})
 }
 
+// route names the event d carries and returns its handler. A delivery the
+// consumer cannot use gets a handler that returns the reason as a
+// fault.ErrInvalid, so it is dead-lettered; its event is then "" unless the
+// type was consistent and only the handler was missing.
 func (r *Router) route(d Delivery) (string, HandlerFunc) {
-	event := d.Event
-	if event == "" {
+	want, declared := EventOn(d.Subject)
+	if !declared {
 		for _, se := range r.bySubject {
 			if subject.Matches(se.pattern, d.Subject) {
-				event = se.event
+				want, declared = se.event, true
 				break
 			}
 		}
 	}
-	return event, r.handlers[event]
+	event, err := typeOf(d, want, declared)
+	if err != nil {
+		return "", reject(err)
+	}
+	if h := r.handlers[event]; h != nil {
+		return event, h
+	}
+	return event, reject(noHandler(d, event))
 }
 
 // ConsumeOptions tune a subscription.
@@ -302,6 +315,9 @@ func (w *worker) handle(ctx context.Context, m jetstream.Msg) {
 		StreamSeq: md.Sequence.Stream,
 	}
 	event, h := w.router.route(d)
+	if event == "" {
+		event = unusableEvent // a bounded metric label, not the header's claim
+	}
 	d.Event = event
 	parent := w.c.prop.Extract(ctx, telemetry.HeaderCarrier(m.Headers()))
 	ctx, span := w.c.tracer.Start(parent, "process "+event,
@@ -316,12 +332,6 @@ func (w *worker) handle(ctx context.Context, m jetstream.Msg) {
 			attribute.Int64("messaging.nats.delivered", int64(d.Delivered))))
 	defer span.End()
 
-	if h == nil {
-		w.c.log.DebugContext(ctx, "event type has no handler; acknowledged", "consumer", w.spec.Durable, "event", event, "subject", d.Subject)
-		w.count(ctx, outcomeUnknown, event)
-		w.ack(ctx, m)
-		return
-	}
 	start := time.Now()
 	herr := h(ctx, d)
 	w.c.metrics.handle.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(attrConsumer.String(w.spec.Durable), attrEvent.String(event)))
@@ -358,48 +368,6 @@ func (w *worker) ack(ctx context.Context, m jetstream.Msg) {
 	// cannot leave the message both handled and due for redelivery unseen.
 	if err := m.DoubleAck(ctx); err != nil {
 		w.c.log.ErrorContext(ctx, "ack failed; the message will be redelivered", "consumer", w.spec.Durable, "err", err)
-	}
-}
-
-// deadLetter copies the message to dlq.<stream>.<consumer> with the reason,
-// then terminates it. When the copy cannot be stored the message is naked
-// instead, so nothing is lost.
-func (w *worker) deadLetter(ctx context.Context, m jetstream.Msg, d Delivery, reason string) {
-	md, _ := m.Metadata()
-	stream := w.spec.Stream
-	if md != nil {
-		stream = md.Stream
-	}
-	dlqSubject, err := subject.Format(subject.DeadLetter, stream, w.spec.Durable)
-	if err != nil {
-		w.c.log.ErrorContext(ctx, "dead-letter subject", "err", err)
-		_ = m.NakWithDelay(w.opts.RetryDelay(d.Delivered))
-		return
-	}
-	cp := nats.NewMsg(dlqSubject)
-	cp.Data = d.Data
-	for k, vs := range d.Header {
-		for _, v := range vs {
-			cp.Header.Add(k, v)
-		}
-	}
-	cp.Header.Set(HeaderMsgID, fmt.Sprintf("dlq:%s:%s:%d", stream, w.spec.Durable, d.StreamSeq))
-	cp.Header.Set(HeaderDLQReason, reason)
-	cp.Header.Set(HeaderDLQSubject, d.Subject)
-	cp.Header.Set(HeaderDLQStream, stream)
-	cp.Header.Set(HeaderDLQStreamSeq, strconv.FormatUint(d.StreamSeq, 10))
-	cp.Header.Set(HeaderDLQConsumer, w.spec.Durable)
-	cp.Header.Set(HeaderDLQDeliveries, strconv.FormatUint(d.Delivered, 10))
-	if _, err := w.c.PublishMsg(ctx, cp); err != nil {
-		w.c.log.ErrorContext(ctx, "dead-letter copy failed; redelivering instead", "consumer", w.spec.Durable, "msg_id", d.MsgID, "err", err)
-		_ = m.NakWithDelay(w.opts.RetryDelay(d.Delivered))
-		return
-	}
-	w.c.log.WarnContext(ctx, "message dead-lettered", "consumer", w.spec.Durable, "event", d.Event,
-		"msg_id", d.MsgID, "subject", d.Subject, "reason", reason)
-	w.count(ctx, outcomeDeadLetter, d.Event)
-	if err := m.TermWithReason(shizuv1.Truncate(reason, 256)); err != nil {
-		w.c.log.ErrorContext(ctx, "term failed", "consumer", w.spec.Durable, "err", err)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -59,11 +58,13 @@ func (c *Conn) forwardExhausted(ctx context.Context, spec Consumer) (*Subscripti
 func (c *Conn) deadLetterExhausted(ctx context.Context, spec Consumer, adv maxDeliveriesAdvisory) error {
 	reason := fmt.Sprintf("max deliveries (%d) reached without an answer from a handler (ack wait %s expired each time)",
 		adv.Deliveries, spec.withDefaults().AckWait)
-	cp := nats.NewMsg("")
 	st, err := c.js.Stream(ctx, adv.Stream)
 	if err != nil {
 		return err
 	}
+	var hdr nats.Header
+	var data []byte
+	var subj string
 	orig, err := st.GetMsg(ctx, adv.StreamSeq)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
@@ -71,26 +72,13 @@ func (c *Conn) deadLetterExhausted(ctx context.Context, spec Consumer, adv maxDe
 	case err != nil:
 		return err
 	default:
-		cp.Data = orig.Data
-		for k, vs := range orig.Header {
-			for _, v := range vs {
-				cp.Header.Add(k, v)
-			}
-		}
-		cp.Header.Set(HeaderDLQSubject, orig.Subject)
+		hdr, data, subj = orig.Header, orig.Data, orig.Subject
 	}
-	dlqSubject, err := subject.Format(subject.DeadLetter, adv.Stream, spec.Durable)
+	cp, err := deadLetterMsg(adv.Stream, spec.Durable, subj, adv.StreamSeq, adv.Deliveries, hdr, data, reason)
 	if err != nil {
-		return fault.Invalid("dead-letter subject: %w", err)
+		return fault.Invalid("%w", err)
 	}
-	cp.Subject = dlqSubject
-	cp.Header.Set(HeaderMsgID, fmt.Sprintf("dlq:%s:%s:%d", adv.Stream, spec.Durable, adv.StreamSeq))
-	cp.Header.Set(HeaderDLQReason, reason)
-	cp.Header.Set(HeaderDLQStream, adv.Stream)
-	cp.Header.Set(HeaderDLQStreamSeq, strconv.FormatUint(adv.StreamSeq, 10))
-	cp.Header.Set(HeaderDLQConsumer, spec.Durable)
-	cp.Header.Set(HeaderDLQDeliveries, strconv.FormatUint(adv.Deliveries, 10))
-	if _, err := c.PublishMsg(ctx, cp); err != nil {
+	if err := c.storeDeadLetter(ctx, cp); err != nil {
 		return err
 	}
 	c.log.WarnContext(ctx, "message dead-lettered after exhausting its deliveries", "consumer", spec.Durable,

@@ -21,8 +21,16 @@ const (
 	outcomeAck        = "ack"
 	outcomeRetry      = "retry"
 	outcomeDeadLetter = "dead_letter"
-	outcomeUnknown    = "unknown_type"
+	// A dead-letter copy could not be stored; the message is redelivered.
+	outcomeDeadLetterFailed = "dead_letter_failed"
+	// No copy could be stored on the last delivery either: terminated, and
+	// kept only in its own stream.
+	outcomeTerminated = "terminated_without_copy"
 )
+
+// unusableEvent labels a delivery whose event type could not be decided
+// (no type, or a header its subject contradicts).
+const unusableEvent = "unusable"
 
 type metrics struct {
 	published metric.Int64Counter
@@ -44,7 +52,7 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		return nil, err
 	}
 	if out.consumed, err = m.Int64Counter("shizu.bus.consumed",
-		metric.WithDescription("Deliveries handled, by outcome (ack, retry, dead_letter, unknown_type)."), metric.WithUnit("{delivery}")); err != nil {
+		metric.WithDescription("Deliveries handled, by outcome (ack, retry, dead_letter, dead_letter_failed, terminated_without_copy)."), metric.WithUnit("{delivery}")); err != nil {
 		return nil, err
 	}
 	if out.handle, err = m.Float64Histogram("shizu.bus.handle.duration",

@@ -128,8 +128,9 @@ func (m *Meter) sortRentals(ds []bus.Delivery) rentalBatch {
 		case eventPreempted:
 			b.out[i] = decode(d, &shizuv1.RentalPreempted{})
 			continue
-		default:
-			continue // an event this consumer does not know: acknowledged
+		default: // an event this consumer does not handle: dead-lettered
+			b.out[i] = bus.Unhandled(d)
+			continue
 		}
 		if err != nil {
 			b.out[i] = err

@@ -22,6 +22,7 @@ func (m *Meter) HandleUsage(ctx context.Context, ds []bus.Delivery) []error {
 	idx := make([]int, 0, len(ds))
 	for i, d := range ds {
 		if d.Event != eventUsage {
+			out[i] = bus.Unhandled(d)
 			continue
 		}
 		ev := &shizuv1.UsageRecorded{}
