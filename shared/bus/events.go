@@ -64,8 +64,6 @@ func agentCmd(verb string) string {
 	return strings.TrimSuffix(subject.AgentCmdAll, "*") + verb
 }
 
-// Carried returns the event type of every Shizu subject.
-func Carried() []SubjectEvent { return append([]SubjectEvent(nil), carried...) }
 
 // carriedTokens are carried's subjects split into tokens once: EventOn
 // runs on every delivery.
