@@ -64,7 +64,6 @@ func agentCmd(verb string) string {
 	return strings.TrimSuffix(subject.AgentCmdAll, "*") + verb
 }
 
-
 // carriedTokens are carried's subjects split into tokens once: EventOn
 // runs on every delivery.
 var carriedTokens = func() [][]string {
