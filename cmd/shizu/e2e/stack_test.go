@@ -268,7 +268,14 @@ func (s *stack) workloadScript() string {
 	if _, err := os.Stat(script); err == nil {
 		return script
 	}
-	if err := os.WriteFile(script, []byte("#!/bin/sh\nwhile kill -0 $PPID 2>/dev/null; do sleep 0.2; done\n"), 0o755); err != nil {
+	// The workload lives while the agent that started it lives (a killed
+	// agent stands for its host going down). Its parent is the agent's
+	// status shell (shizu-workload), whose parent is the agent.
+	const body = "#!/bin/sh\n" +
+		"agent=$PPID\n" +
+		"if tr '\\0' ' ' </proc/$PPID/cmdline | grep -q shizu-workload; then agent=$(sed 's/.*) //' /proc/$PPID/stat | cut -d' ' -f2); fi\n" +
+		"while kill -0 \"$agent\" 2>/dev/null; do sleep 0.2; done\n"
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
 		s.t.Fatal(err)
 	}
 	return script
@@ -614,6 +621,11 @@ func (s *stack) runs() map[string][]string {
 	for _, p := range procs {
 		cmdline, err := os.ReadFile(filepath.Join(p, "cmdline"))
 		if err != nil || !strings.Contains(string(cmdline), s.workloadScript()) {
+			continue
+		}
+		// The node agent's status shell (named shizu-workload) waits for
+		// each workload to record its exit status; it is not a run.
+		if strings.Contains(string(cmdline), "\x00shizu-workload\x00") {
 			continue
 		}
 		if stat, err := os.ReadFile(filepath.Join(p, "stat")); err == nil {
