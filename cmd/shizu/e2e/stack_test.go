@@ -53,32 +53,10 @@ func withSystemUser(user, pw string) func(*server.Options) {
 	}
 }
 
-var (
-	agentOnce sync.Once
-	agentBin  string
-	agentErr  error
-)
-
-// buildAgent builds the node-agent binary once per test binary run.
+// buildAgent is the workspace's node-agent binary, built once per test
+// binary run.
 func buildAgent(t testing.TB) string {
-	t.Helper()
-	agentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "shizu-e2e-agent-")
-		if err != nil {
-			agentErr = err
-			return
-		}
-		agentBin = filepath.Join(dir, "node-agent")
-		cmd := exec.Command("go", "build", "-o", agentBin, "github.com/shizu-gpu/shizu/services/node-agent/cmd/node-agent")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			agentErr = fmt.Errorf("build node-agent (needs cgo and a C compiler): %w\n%s", err, out)
-		}
-	})
-	if agentErr != nil {
-		t.Fatal(agentErr)
-	}
-	return agentBin
+	return testkit.GoBuild(t, "github.com/shizu-gpu/shizu/services/node-agent/cmd/node-agent")
 }
 
 // stack is the whole platform under test: NATS, Redis, the scheduler,

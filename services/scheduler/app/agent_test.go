@@ -25,30 +25,10 @@ import (
 // a C compiler), run as a child process on a simulated host. The
 // scheduler's module does not import the agent; it only runs it.
 
-var (
-	agentOnce sync.Once
-	agentBin  string
-	errAgent  error
-)
-
+// buildAgent is the workspace's node-agent binary, built once per test
+// binary run.
 func buildAgent(t testing.TB) string {
-	t.Helper()
-	agentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "shizu-sched-agent-")
-		if err != nil {
-			errAgent = err
-			return
-		}
-		agentBin = filepath.Join(dir, "node-agent")
-		cmd := exec.Command("go", "build", "-o", agentBin, "github.com/shizu-gpu/shizu/services/node-agent/cmd/node-agent")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			errAgent = fmt.Errorf("build node-agent (needs cgo and a C compiler): %w\n%s", err, out)
-		}
-	})
-	if errAgent != nil {
-		t.Fatal(errAgent)
-	}
-	return agentBin
+	return testkit.GoBuild(t, "github.com/shizu-gpu/shizu/services/node-agent/cmd/node-agent")
 }
 
 // startAgent runs a node agent for node on the simulated host profile
