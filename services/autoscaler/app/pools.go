@@ -225,7 +225,7 @@ func (s *scaler) redeclare(ctx context.Context, id string, seq uint64) error {
 // mark keeps it cleared.
 func (s *scaler) withdraw(ctx context.Context, id, tenant, cause string, seq uint64) error {
 	pool := policy.Pool{ID: id, Tenant: tenant}
-	return s.states.update(ctx, id, func(rec *poolRecord) error {
+	return s.change(ctx, id, func(rec *poolRecord) error {
 		if rec.DeclSeq > seq || (rec.Withdrawn && len(rec.Rentals) == 0 && rec.State == (policy.State{})) {
 			return errNoChange
 		}

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -119,7 +118,7 @@ func (s *scaler) scaleOnSample(ctx context.Context, pool policy.Pool, ev *shizuv
 	cause := ev.GetMeta().GetEventId()
 	decisionID := "scale:" + pool.ID + ":" + cause
 	var added []string
-	err := s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
+	err := s.change(ctx, pool.ID, func(rec *poolRecord) error {
 		added = nil
 		if s.withdrawn(pool, rec) {
 			return errNoChange
@@ -195,8 +194,11 @@ func (s *scaler) tickPools(ctx context.Context, now time.Time) {
 // tickPool re-evaluates pool, whose policy was read before, at now.
 func (s *scaler) tickPool(ctx context.Context, pool policy.Pool, now time.Time) {
 	id := "scale:" + pool.ID + ":tick:" + strconv.FormatInt(now.UnixMilli(), 10)
+	if err := s.flush(ctx, pool.ID); err != nil {
+		s.log.WarnContext(ctx, "publishing a pool's left events failed", "pool", pool.ID, "err", err)
+	}
 	var added []string
-	err := s.states.update(ctx, pool.ID, func(rec *poolRecord) error {
+	err := s.change(ctx, pool.ID, func(rec *poolRecord) error {
 		added = nil
 		if s.withdrawn(pool, rec) {
 			return errNoChange
@@ -237,9 +239,10 @@ func (s *scaler) withdrawn(pool policy.Pool, rec *poolRecord) bool {
 	return rec.Withdrawn
 }
 
-// apply publishes a changed decision and the rentals it requests or
-// cancels, with ids derived from the pool's rental sequence, so a retried
-// delivery publishes the same ids and the streams deduplicate them.
+// apply records a changed decision and the rentals it requests or cancels
+// in rec's outbox (published once rec is committed: outbox.go), with ids
+// derived from the pool's rental sequence, so a retried delivery publishes
+// the same ids and the streams deduplicate them.
 func (s *scaler) apply(ctx context.Context, pool policy.Pool, rec *poolRecord, d policy.Decision, decisionID, cause string) error {
 	if !d.Changed() {
 		return nil
@@ -263,7 +266,7 @@ func (s *scaler) apply(ctx context.Context, pool policy.Pool, rec *poolRecord, d
 	if err != nil {
 		return fault.Invalid("pool %s: %w", pool.ID, err)
 	}
-	if _, err := s.pub.Publish(ctx, subj, decided); err != nil {
+	if err := rec.enqueue(subj, decided); err != nil {
 		return err
 	}
 	rentalSubj, err := subject.Format(subject.RentalRequested, pool.Tenant)
@@ -278,7 +281,7 @@ func (s *scaler) apply(ctx context.Context, pool policy.Pool, rec *poolRecord, d
 		spec.Labels = map[string]string{PoolLabel: pool.ID}
 		ev := &shizuv1.RentalRequested{Meta: meta("pool:"+pool.ID+":"+strconv.Itoa(rec.Seq)+":requested", id, decisionID),
 			RentalId: id, TenantId: pool.Tenant, Spec: spec}
-		if _, err := s.pub.Publish(ctx, rentalSubj, ev); err != nil {
+		if err := rec.enqueue(rentalSubj, ev); err != nil {
 			return err
 		}
 		rec.Rentals = append(rec.Rentals, poolRental{ID: id, Seq: rec.Seq, Market: d.Market})
@@ -287,14 +290,11 @@ func (s *scaler) apply(ctx context.Context, pool policy.Pool, rec *poolRecord, d
 		r := rec.Rentals[len(rec.Rentals)-1]
 		ev := &shizuv1.RentalCancelRequested{Meta: meta("pool:"+pool.ID+":"+strconv.Itoa(r.Seq)+":cancel", r.ID, decisionID),
 			RentalId: r.ID, TenantId: pool.Tenant, RequestedBy: topology.Autoscaler, Reason: "scale-in: " + d.Reason}
-		if _, err := s.pub.Publish(ctx, cancelSubj, ev); err != nil {
+		if err := rec.enqueue(cancelSubj, ev); err != nil {
 			return err
 		}
 		rec.Rentals = rec.Rentals[:len(rec.Rentals)-1]
 	}
-	s.m.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("shizu.rule", ruleKind(d.Rule))))
-	s.log.InfoContext(ctx, "pool scaled", "pool", pool.ID, "from", d.From, "to", d.To, "rule", d.Rule,
-		"metric", d.Metric, "observed", d.Observed, "threshold", d.Threshold, "market", string(d.Market))
 	return nil
 }
 

@@ -25,6 +25,10 @@ type poolRecord struct {
 	Rentals   []poolRental `json:"rentals"`
 	Withdrawn bool         `json:"withdrawn,omitempty"`
 	DeclSeq   uint64       `json:"decl_seq,omitempty"`
+	// Outbox holds the events of committed changes not yet known to be
+	// published (outbox.go): a decision is committed with its events, then
+	// they are published, then cleared.
+	Outbox []outboxEvent `json:"outbox,omitempty"`
 }
 
 type poolRental struct {
@@ -39,6 +43,9 @@ type poolRental struct {
 type stateStore struct {
 	rdb    *redis.Client
 	prefix string
+	// beforeCommit, when set (tests only), runs between an update's read
+	// and its commit: a failpoint for a racing writer.
+	beforeCommit func()
 }
 
 func (s stateStore) key(pool string) string { return s.prefix + ":autoscaler:pool:{" + pool + "}" }
@@ -62,6 +69,9 @@ func (s stateStore) update(ctx context.Context, pool string, fn func(*poolRecord
 			data, err := json.Marshal(rec)
 			if err != nil {
 				return err
+			}
+			if s.beforeCommit != nil {
+				s.beforeCommit()
 			}
 			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				p.Set(ctx, key, data, 0)
