@@ -173,6 +173,8 @@ type candidate struct {
 	shares []Share
 	score  int64
 	tie    uint64
+	// preferred: the node's GPUs are of one of Request.PreferredModels.
+	preferred bool
 }
 
 // shape is the request as placed: fixed rounds fractions up.
@@ -254,15 +256,23 @@ func (p *Placer) Place(c *Cluster, r *Request) (Placement, error) {
 	if p.opts.MaxCandidates > 0 && p.opts.Policy != PolicyFirstFit && len(c.Nodes) > 0 {
 		offset = int(hashString(r.ID) % uint64(len(c.Nodes)))
 	}
+	full := false // MaxCandidates reached: only a preferred node may still join
 	for k := range c.Nodes {
-		if p.opts.MaxCandidates > 0 && len(p.cands) >= p.opts.MaxCandidates {
-			break
+		if p.opts.MaxCandidates > 0 && len(p.cands) >= p.opts.MaxCandidates && !full {
+			if len(r.PreferredModels) == 0 || p.cands[0].preferred {
+				break
+			}
+			full = true
 		}
 		i := k + offset
 		if i >= len(c.Nodes) {
 			i -= len(c.Nodes)
 		}
 		n := &c.Nodes[i]
+		pref := len(r.PreferredModels) > 0 && slices.Contains(r.PreferredModels, n.model())
+		if full && !pref {
+			continue
+		}
 		if k, ok := p.filter(r, n); !ok {
 			rejected[k]++
 			continue
@@ -275,7 +285,16 @@ func (p *Placer) Place(c *Cluster, r *Request) (Placement, error) {
 			rejected[len(Filters)]++
 			continue
 		}
-		p.cands = append(p.cands, candidate{node: i, shares: shares, score: score})
+		p.cands = append(p.cands, candidate{node: i, shares: shares, score: score, preferred: pref})
+		if full || pref && p.opts.MaxCandidates > 0 {
+			// Keep a preferred candidate first, so the scan can tell one
+			// was found.
+			last := len(p.cands) - 1
+			p.cands[0], p.cands[last] = p.cands[last], p.cands[0]
+			if full {
+				break
+			}
+		}
 	}
 	if !feasible {
 		// Static filters passed nowhere, or no node has enough GPUs: check
@@ -334,6 +353,9 @@ func (p *Placer) staticFit(r *Request, n *Node, count int) bool {
 }
 
 func better(a, b candidate, c *Cluster) bool {
+	if a.preferred != b.preferred {
+		return a.preferred // a preferred model ranks above any score
+	}
 	if a.score != b.score {
 		return a.score > b.score
 	}

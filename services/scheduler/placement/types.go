@@ -180,6 +180,11 @@ type Request struct {
 	// Models allowed (empty = any), capabilities every GPU must have.
 	Models       []string
 	Capabilities []string
+	// PreferredModels are not a filter: among the nodes that pass every
+	// filter, one whose GPUs are of a preferred model ranks above every
+	// other, whatever the policy's score (a moved rental prefers the model
+	// it ran on). Empty: no preference.
+	PreferredModels []string
 	NVLink       bool
 	MIGProfile   string
 	TEE          bool
