@@ -185,11 +185,11 @@ type Request struct {
 	// other, whatever the policy's score (a moved rental prefers the model
 	// it ran on). Empty: no preference.
 	PreferredModels []string
-	NVLink       bool
-	MIGProfile   string
-	TEE          bool
-	Zone         string
-	Market       Market
+	NVLink          bool
+	MIGProfile      string
+	TEE             bool
+	Zone            string
+	Market          Market
 	// MaxSpotPrice is the most a spot rental pays per GPU-hour; the zero
 	// Price is no cap. A capped rental is placed only on a node whose
 	// current spot price is known, in its currency, and at most the cap.
