@@ -256,13 +256,11 @@ func (p *Placer) Place(c *Cluster, r *Request) (Placement, error) {
 	if p.opts.MaxCandidates > 0 && p.opts.Policy != PolicyFirstFit && len(c.Nodes) > 0 {
 		offset = int(hashString(r.ID) % uint64(len(c.Nodes)))
 	}
-	full := false // MaxCandidates reached: only a preferred node may still join
+	havePref := false // a candidate of a preferred model was found
 	for k := range c.Nodes {
-		if p.opts.MaxCandidates > 0 && len(p.cands) >= p.opts.MaxCandidates && !full {
-			if len(r.PreferredModels) == 0 || p.cands[0].preferred {
-				break
-			}
-			full = true
+		full := p.opts.MaxCandidates > 0 && len(p.cands) >= p.opts.MaxCandidates
+		if full && (len(r.PreferredModels) == 0 || havePref) {
+			break
 		}
 		i := k + offset
 		if i >= len(c.Nodes) {
@@ -271,7 +269,7 @@ func (p *Placer) Place(c *Cluster, r *Request) (Placement, error) {
 		n := &c.Nodes[i]
 		pref := len(r.PreferredModels) > 0 && slices.Contains(r.PreferredModels, n.model())
 		if full && !pref {
-			continue
+			continue // past the limit only a node of a preferred model joins
 		}
 		if k, ok := p.filter(r, n); !ok {
 			rejected[k]++
@@ -286,15 +284,7 @@ func (p *Placer) Place(c *Cluster, r *Request) (Placement, error) {
 			continue
 		}
 		p.cands = append(p.cands, candidate{node: i, shares: shares, score: score, preferred: pref})
-		if full || pref && p.opts.MaxCandidates > 0 {
-			// Keep a preferred candidate first, so the scan can tell one
-			// was found.
-			last := len(p.cands) - 1
-			p.cands[0], p.cands[last] = p.cands[last], p.cands[0]
-			if full {
-				break
-			}
-		}
+		havePref = havePref || pref
 	}
 	if !feasible {
 		// Static filters passed nowhere, or no node has enough GPUs: check
