@@ -1471,7 +1471,12 @@ type RentalMigrating struct {
 	// deterministic: "rental:<rental_id>:migrating:<next_attempt>", or
 	// "rental:<rental_id>:migrating:<from_node_id>:<from_node_epoch>" when
 	// next_attempt is 0.
-	NextAttempt   int32 `protobuf:"varint,11,opt,name=next_attempt,json=nextAttempt,proto3" json:"next_attempt,omitempty"`
+	NextAttempt int32 `protobuf:"varint,11,opt,name=next_attempt,json=nextAttempt,proto3" json:"next_attempt,omitempty"`
+	// GPU model of the placement it leaves (RentalScheduled.gpu_model); empty
+	// when failover never saw the rental scheduled. The scheduler prefers
+	// this model for the re-placement (a preference, not a filter: the spec
+	// alone says what may be chosen).
+	FromGpuModel  string `protobuf:"bytes,12,opt,name=from_gpu_model,json=fromGpuModel,proto3" json:"from_gpu_model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1581,6 +1586,13 @@ func (x *RentalMigrating) GetNextAttempt() int32 {
 		return x.NextAttempt
 	}
 	return 0
+}
+
+func (x *RentalMigrating) GetFromGpuModel() string {
+	if x != nil {
+		return x.FromGpuModel
+	}
+	return ""
 }
 
 // RentalMigrated: a migrating rental runs again on its new node.
@@ -1888,7 +1900,7 @@ const file_shizu_v1_rental_proto_rawDesc = "" +
 	"\x0fnotice_deadline\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x0enoticeDeadline\x12/\n" +
 	"\x06reason\x18\a \x01(\x0e2\x17.shizu.v1.PreemptReasonR\x06reason\x120\n" +
 	"\x14preempting_rental_id\x18\b \x01(\tR\x12preemptingRentalId\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\xd0\x03\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\xf6\x03\n" +
 	"\x0fRentalMigrating\x12'\n" +
 	"\x04meta\x18\x01 \x01(\v2\x13.shizu.v1.EventMetaR\x04meta\x12\x1b\n" +
 	"\trental_id\x18\x02 \x01(\tR\brentalId\x12\x1b\n" +
@@ -1902,7 +1914,8 @@ const file_shizu_v1_rental_proto_rawDesc = "" +
 	"\x04spec\x18\t \x01(\v2\x14.shizu.v1.RentalSpecR\x04spec\x12!\n" +
 	"\ffrom_attempt\x18\n" +
 	" \x01(\x05R\vfromAttempt\x12!\n" +
-	"\fnext_attempt\x18\v \x01(\x05R\vnextAttempt\"\xb5\x02\n" +
+	"\fnext_attempt\x18\v \x01(\x05R\vnextAttempt\x12$\n" +
+	"\x0efrom_gpu_model\x18\f \x01(\tR\ffromGpuModel\"\xb5\x02\n" +
 	"\x0eRentalMigrated\x12'\n" +
 	"\x04meta\x18\x01 \x01(\v2\x13.shizu.v1.EventMetaR\x04meta\x12\x1b\n" +
 	"\trental_id\x18\x02 \x01(\tR\brentalId\x12\x1b\n" +

@@ -37,3 +37,29 @@ func TestAMovedRentalAsksForAtLeastTheGPUMemoryItRanWith(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A moved rental's RentalMigrating names the GPU model it ran on (from
+// its RentalScheduled), so the scheduler can prefer that model again.
+func TestAMovedRentalNamesTheGPUModelItRanOn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, time.Second)
+	epoch := e.node(t, "n1", 8)
+	e.rent(t, "r-model", "n1", epoch, shizuv1.Plan_PLAN_ON_DEMAND, 0) // ran on H100-SXM5-80GB
+	e.startReplica(t, testConfig(), "failover-a", nil)
+	waitIndexed(t, e, "r-model")
+	e.beat(t, "n1", epoch)() // the agent dies
+
+	var m *shizuv1.RentalMigrating
+	eventually(t, func() error {
+		if m = migratingByRental(t, e)["r-model"]; m == nil {
+			return fmt.Errorf("r-model not moved yet")
+		}
+		return nil
+	})
+	if got := m.GetFromGpuModel(); got != "H100-SXM5-80GB" {
+		t.Fatalf("from_gpu_model = %q, want the model it ran on, H100-SXM5-80GB", got)
+	}
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -77,7 +77,8 @@ func nodeLost(l detect.Loss, epoch uint64, rentals int, source string) *shizuv1.
 
 // rentalMigrating hands m to the scheduler; the spec comes from the
 // rental's placement (the same for every attempt), when failover saw it,
-// with at least the GPU memory it ran with (migrate.ReplacementSpec).
+// with at least the GPU memory it ran with (migrate.ReplacementSpec), and
+// the GPU model it ran on, for the scheduler to prefer.
 func rentalMigrating(m migrate.Record, pl migrate.Placement, known bool, source string) *shizuv1.RentalMigrating {
 	id := fmt.Sprintf("rental:%s:migrating:%d", m.Rental, m.NextAttempt)
 	if m.NextAttempt == 0 {
@@ -92,6 +93,7 @@ func rentalMigrating(m migrate.Record, pl migrate.Placement, known bool, source 
 	if known {
 		ev.Spec = migrate.ReplacementSpec(pl)
 		ev.CheckpointUri = pl.Spec.GetCheckpointUri()
+		ev.FromGpuModel = pl.Model
 	}
 	return ev
 }

@@ -14,7 +14,8 @@ import (
 // onMigrating places a rental that failover moves off a lost node (or a
 // failed GPU, or a spot node about to be reclaimed) again: with its
 // original spec, as placement attempt next_attempt, queued by the time it
-// was lost so it goes ahead of requests that arrived since. An allocation
+// was lost so it goes ahead of requests that arrived since, preferring the
+// GPU model it ran on (from_gpu_model). An allocation
 // still recorded on the node it leaves is released first, or the
 // idempotent reserve would hand that one back; a spot hand-over
 // (make-before-break) keeps the old run going on its allocation until the
@@ -54,6 +55,11 @@ func (s *Scheduler) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating
 		RentalId: id, TenantId: ev.GetTenantId(), Spec: ev.GetSpec(),
 	}
 	r := requestOf(req)
+	if m := ev.GetFromGpuModel(); m != "" {
+		// Not a filter: the spec alone says what may be chosen; among
+		// what may, the model it ran on comes first.
+		r.PreferredModels = []string{m}
+	}
 	if err := r.Validate(s.catalogue); err != nil {
 		// The spec was placed before; a catalogue that changed since
 		// cannot place it again. Say so to the tenant.

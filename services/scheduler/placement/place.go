@@ -173,6 +173,8 @@ type candidate struct {
 	shares []Share
 	score  int64
 	tie    uint64
+	// preferred: the node's GPUs are of one of Request.PreferredModels.
+	preferred bool
 }
 
 // shape is the request as placed: fixed rounds fractions up.
@@ -254,8 +256,10 @@ func (p *Placer) Place(c *Cluster, r *Request) (Placement, error) {
 	if p.opts.MaxCandidates > 0 && p.opts.Policy != PolicyFirstFit && len(c.Nodes) > 0 {
 		offset = int(hashString(r.ID) % uint64(len(c.Nodes)))
 	}
+	havePref := false // a candidate of a preferred model was found
 	for k := range c.Nodes {
-		if p.opts.MaxCandidates > 0 && len(p.cands) >= p.opts.MaxCandidates {
+		full := p.opts.MaxCandidates > 0 && len(p.cands) >= p.opts.MaxCandidates
+		if full && (len(r.PreferredModels) == 0 || havePref) {
 			break
 		}
 		i := k + offset
@@ -263,6 +267,10 @@ func (p *Placer) Place(c *Cluster, r *Request) (Placement, error) {
 			i -= len(c.Nodes)
 		}
 		n := &c.Nodes[i]
+		pref := len(r.PreferredModels) > 0 && slices.Contains(r.PreferredModels, n.model())
+		if full && !pref {
+			continue // past the limit only a node of a preferred model joins
+		}
 		if k, ok := p.filter(r, n); !ok {
 			rejected[k]++
 			continue
@@ -275,7 +283,8 @@ func (p *Placer) Place(c *Cluster, r *Request) (Placement, error) {
 			rejected[len(Filters)]++
 			continue
 		}
-		p.cands = append(p.cands, candidate{node: i, shares: shares, score: score})
+		p.cands = append(p.cands, candidate{node: i, shares: shares, score: score, preferred: pref})
+		havePref = havePref || pref
 	}
 	if !feasible {
 		// Static filters passed nowhere, or no node has enough GPUs: check
@@ -334,6 +343,9 @@ func (p *Placer) staticFit(r *Request, n *Node, count int) bool {
 }
 
 func better(a, b candidate, c *Cluster) bool {
+	if a.preferred != b.preferred {
+		return a.preferred // a preferred model ranks above any score
+	}
 	if a.score != b.score {
 		return a.score > b.score
 	}

@@ -180,11 +180,16 @@ type Request struct {
 	// Models allowed (empty = any), capabilities every GPU must have.
 	Models       []string
 	Capabilities []string
-	NVLink       bool
-	MIGProfile   string
-	TEE          bool
-	Zone         string
-	Market       Market
+	// PreferredModels are not a filter: among the nodes that pass every
+	// filter, one whose GPUs are of a preferred model ranks above every
+	// other, whatever the policy's score (a moved rental prefers the model
+	// it ran on). Empty: no preference.
+	PreferredModels []string
+	NVLink          bool
+	MIGProfile      string
+	TEE             bool
+	Zone            string
+	Market          Market
 	// MaxSpotPrice is the most a spot rental pays per GPU-hour; the zero
 	// Price is no cap. A capped rental is placed only on a node whose
 	// current spot price is known, in its currency, and at most the cap.
