@@ -102,7 +102,11 @@ func (s *scaler) publish(ctx context.Context, pool string, events []outboxEvent)
 	for _, o := range events {
 		ev, err := decodeOutbox(o)
 		if err != nil {
-			return err
+			// Only this service writes the outbox; an entry that does not
+			// decode can never be published and must not block the pool.
+			s.log.ErrorContext(ctx, "dropping an outbox event that does not decode", "pool", pool, "event", o.ID, "err", err)
+			published[o.ID] = true
+			continue
 		}
 		if _, err := s.pub.Publish(ctx, o.Subject, ev); err != nil {
 			return err // left in the outbox: the next tick publishes it

@@ -143,3 +143,34 @@ func TestEventsAReplicaLeftInTheOutboxArePublishedByTheNextTick(t *testing.T) {
 		t.Fatalf("record after the tick: %d rentals, outbox %v, %v", len(rec.Rentals), rec.Outbox, err)
 	}
 }
+
+// An outbox entry that does not decode is dropped with an error, not
+// retried forever: the pool's other events still go out.
+func TestAnOutboxEntryThatDoesNotDecodeIsDroppedAndTheRestPublished(t *testing.T) {
+	t.Parallel()
+	e := newReplicaEnv(t, policy.File{})
+	s := e.replica(nil)
+	ctx := t.Context()
+	good := &shizuv1.ScalingDecided{Meta: &shizuv1.EventMeta{EventId: "scale:api:good", OccurredAt: timestamppb.Now(), Source: topology.Autoscaler},
+		PoolId: "api", FromReplicas: 0, ToReplicas: 1, Rule: "min-replicas", Reason: "floor"}
+	err := s.states.update(ctx, "api", func(rec *poolRecord) error {
+		rec.Outbox = append(rec.Outbox, outboxEvent{ID: "broken", Subject: "scale.api.decided", Type: "shizu.v1.NoSuchEvent", Data: []byte{1}})
+		return rec.enqueue("scale.api.decided", good)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.states.read(ctx, s.states.rdb, s.states.key("api"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.publish(ctx, "api", rec.Outbox); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if ds := e.decisionsOf("api"); len(ds) != 1 || ds[0].GetMeta().GetEventId() != "scale:api:good" {
+		t.Fatalf("decisions %v; want the good one", ds)
+	}
+	if rec, err := s.states.read(ctx, s.states.rdb, s.states.key("api")); err != nil || len(rec.Outbox) != 0 {
+		t.Fatalf("outbox after publish: %v, %v", rec.Outbox, err)
+	}
+}
