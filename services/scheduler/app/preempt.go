@@ -50,7 +50,34 @@ func (s *Scheduler) claimPreemption(ctx context.Context, j *job, p *round.Preemp
 		return false, nil
 	}
 	s.hideVictims(rentalsOf(ps)...)
+	// The view may be older than the store: a victim that stopped (its
+	// record dropped with it) can still show there. Claimed, it cannot
+	// go away unseen, so its allocation is checked now; a claim with a
+	// victim gone is given up and the preemptor plans again.
+	gone, err := s.victimsGone(ctx, ps)
+	if err != nil || len(gone) > 0 {
+		if err == nil {
+			err = s.rec.DropPreemption(ctx, rentalsOf(ps)...)
+		}
+		return false, err
+	}
 	return true, nil
+}
+
+// victimsGone returns the victims of ps no longer allocated on the node
+// they were planned on.
+func (s *Scheduler) victimsGone(ctx context.Context, ps []ports.Preemption) ([]string, error) {
+	var gone []string
+	for _, p := range ps {
+		a, err := s.reserve.Allocation(ctx, p.Victim)
+		switch {
+		case capacity.IsNotFound(err) || (err == nil && a.NodeID != p.NodeID):
+			gone = append(gone, p.Victim)
+		case err != nil:
+			return nil, err
+		}
+	}
+	return gone, nil
 }
 
 func rentalsOf(ps []ports.Preemption) []string {

@@ -23,8 +23,41 @@ func (r *rig) spotFull(t *testing.T) {
 		n.GPUs[i].FreeMilli, n.GPUs[i].FreeVRAMMiB, n.GPUs[i].Sharers = 0, 0, 1
 		n.Allocations = append(n.Allocations, placement.Allocation{RentalID: v.id, Tenant: "spotty", Class: rent.ClassSpot,
 			CPUMilli: 1000, MemoryMiB: 1024, GPUs: []placement.Share{{Index: i, Milli: 1000, VRAMMiB: 80 * 1024}}, Since: v.since})
+		if res := r.res.ReserveMany(t.Context(), []capacity.Placement{{RentalID: v.id, NodeID: "n1", Epoch: 1, Tenant: "spotty",
+			CPUMilli: 1000, MemoryMiB: 1024, GPUs: []capacity.GPUShare{{Index: i, Milli: 1000}}}}); res[0].Err != nil {
+			t.Fatal(res[0].Err)
+		}
 	}
 	r.s.view.SetNode(*n)
+}
+
+// A view older than the store still shows a spot rental that stopped
+// (its preemption record dropped with it, as stopVictims does): a plan
+// that picks it claims it, finds it gone and gives the claim up. Nothing
+// is announced for a rental that no longer runs, and no record is left
+// that would make the request wait for it.
+func TestAVictimThatStoppedIsNotPreemptedAgainFromAStaleView(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.spotFull(t)
+	for _, id := range []string{"old", "young"} {
+		if _, err := r.res.Release(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if errs := r.decide(t, r.job("od1", 1, roundNow)); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if pre := porttest.Events[*shizuv1.RentalPreempted](r.pub); len(pre) != 0 {
+		t.Fatalf("preempted %d rentals that had stopped", len(pre))
+	}
+	if ps, err := r.rec.Preemptions(t.Context()); err != nil || len(ps) != 0 {
+		t.Fatalf("preemption records %+v, %v; want none", ps, err)
+	}
+	entries, _, err := r.rec.Pending(t.Context())
+	if err != nil || len(entries) != 1 || entries[0].Reason != shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY {
+		t.Fatalf("pending %+v, %v; want od1 waiting for capacity", entries, err)
+	}
 }
 
 // A burst of on-demand requests against two spot victims: each victim is
