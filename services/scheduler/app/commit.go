@@ -345,7 +345,8 @@ func (s *Scheduler) handleNoFit(ctx context.Context, b ports.Batch, plan *round.
 				}
 			}
 		}
-		pending = append(pending, ports.PendingEntry{Event: j.Event, Reason: p.Reason, PreemptUntil: p.PreemptUntil, Attempt: j.Attempt})
+		pending = append(pending, ports.PendingEntry{Event: j.Event, Reason: p.Reason, PreemptUntil: p.PreemptUntil, Attempt: j.Attempt,
+			PreferredModels: j.Request.PreferredModels})
 		if err := s.queuePending(ctx, b, p, now); err != nil {
 			j.err = err
 			continue

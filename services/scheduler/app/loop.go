@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/services/scheduler/ports"
 	"github.com/shizu-gpu/shizu/services/scheduler/round"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/fault"
@@ -157,8 +158,7 @@ func (s *Scheduler) retryPending(ctx context.Context, kicked bool) {
 	s.nextDeadline = now.Add(s.cfg.PendingTimeout)
 	var jobs []*job
 	for _, e := range entries {
-		j := &job{Job: round.NewJob(e.Event, requestOf(e.Event), max(e.Attempt, 1), s.plan), done: make(chan error, 1)}
-		j.FromPending, j.PreemptUntil, j.Reason = true, e.PreemptUntil, e.Reason
+		j := s.pendingJob(e)
 		if j.Deadline.Before(s.nextDeadline) {
 			s.nextDeadline = j.Deadline
 		}
@@ -170,6 +170,16 @@ func (s *Scheduler) retryPending(ctx context.Context, kicked bool) {
 	for start := 0; start < len(jobs); start += s.cfg.BatchSize {
 		s.round(ctx, jobs[start:min(len(jobs), start+s.cfg.BatchSize)])
 	}
+}
+
+// pendingJob is the job that retries a pending entry: its request as it
+// was first placed (a moved rental's preferred model included).
+func (s *Scheduler) pendingJob(e ports.PendingEntry) *job {
+	r := requestOf(e.Event)
+	r.PreferredModels = e.PreferredModels
+	j := &job{Job: round.NewJob(e.Event, r, max(e.Attempt, 1), s.plan), done: make(chan error, 1)}
+	j.FromPending, j.PreemptUntil, j.Reason = true, e.PreemptUntil, e.Reason
+	return j
 }
 
 // round runs round.Plan over a batch: order the requests (level one),

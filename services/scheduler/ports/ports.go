@@ -65,6 +65,10 @@ type PendingEntry struct {
 	PreemptUntil time.Time
 	// Attempt is the placement number (0 or 1 for a new request).
 	Attempt int32
+	// PreferredModels are the GPU models the placement prefers (a moved
+	// rental's original model; see placement.Request.PreferredModels):
+	// not part of the request event, so kept beside it.
+	PreferredModels []string
 }
 
 // Preemption is the durable decision to evict one spot rental (Victim) for
