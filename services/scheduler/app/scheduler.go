@@ -34,7 +34,7 @@ type Deps struct {
 	// Market holds the spot prices; unset, the Records when they are one
 	// (the Redis records are), else spot prices are not followed.
 	Market ports.SpotMarket
-	Log       *slog.Logger
+	Log    *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Metrics may be nil.
