@@ -76,7 +76,7 @@ func spotPriceChanged(args []string, currency, at string, now time.Time) (*shizu
 	}
 	subj, err := subject.Format(subject.SpotPriceChanged, zone, model)
 	if err != nil {
-		return nil, "", usagef("%w", err)
+		return nil, "", usagef("zone or model: %w", err)
 	}
 	ev := &shizuv1.SpotPriceChanged{
 		Meta:  shizuv1.NewMeta(fmt.Sprintf("spot:%s:%s:%s", zone, model, effective.UTC().Format(time.RFC3339)), cliSource, "", zone, now),
