@@ -98,10 +98,16 @@ func (s *Scheduler) interruptPricedOut(ctx context.Context, cause string) (int, 
 	if err != nil {
 		return 0, err
 	}
+	return s.interrupt(ctx, round.PricesOut(nodes), held, cause)
+}
+
+// interrupt claims and announces the rentals priced out; held are the
+// preemption records by victim.
+func (s *Scheduler) interrupt(ctx context.Context, out []round.PricedOut, held map[string]ports.Preemption, cause string) (int, error) {
 	now := s.d.Now()
 	b := s.pub.NewBatch()
 	interrupted := 0
-	for _, v := range round.PricesOut(nodes) {
+	for _, v := range out {
 		p, ok := held[v.Rental.RentalID]
 		if ok && (p.StopSent || p.Preemptor != spotPricePreemptor) {
 			continue
