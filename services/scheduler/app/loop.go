@@ -50,6 +50,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 			s.stopVictimsSoon(ctx)
 		case <-reconcile.C:
 			s.reconcileSoon(ctx)
+			s.interruptPricedOutSoon(ctx)
 		case <-s.kick:
 			s.retryPending(ctx, true)
 		}

@@ -31,12 +31,6 @@ func (s *Scheduler) reconcileSoon(ctx context.Context) {
 		} else if n > 0 {
 			s.d.Log.WarnContext(ctx, "released allocations no live rental owns", "count", n)
 		}
-		// The sweep of the spot market rides along (see spot.go).
-		if n, err := s.interruptPricedOut(ctx, ""); err != nil {
-			s.d.Log.WarnContext(ctx, "interrupt spot rentals priced out", "err", err)
-		} else if n > 0 {
-			s.d.Log.InfoContext(ctx, "interrupted spot rentals priced above their maximum", "count", n)
-		}
 	})
 }
 

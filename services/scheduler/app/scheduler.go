@@ -86,6 +86,7 @@ type Scheduler struct {
 	afterReserve func(rentals []string) error
 	reconciling  reconciler
 	stopping     victimStopper
+	sweeping     spotSweeper
 	// claimed is closed once the last round handed off has recorded its
 	// outcomes: rounds record in the order they placed (see finishRound).
 	claimed chan struct{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -27,8 +28,9 @@ import (
 // whichever replica gets there first), RentalPreempted with
 // PREEMPT_REASON_SPOT_PRICE_ABOVE_MAX and the notice, then, once the
 // notice passed, StopRental (EXIT_REASON_PREEMPTED) from stopVictims. The
-// reconcile pass looks again (a request placed by a replica that had not
-// read the new price yet, a replica that died between record and notice).
+// replicas look again when their loop reads a new price, and so does the
+// reconcile pass (a request placed by a replica that had not read the new
+// price yet, a replica that died between record and notice).
 
 // spotPricePreemptor is the preemptor of a rental interrupted because the
 // spot price rose above its maximum: no rental takes its place.
@@ -80,6 +82,27 @@ func (s *Scheduler) refreshSpotPrices(ctx context.Context) {
 	s.prices = prices
 	round.SetSpotPrices(s.view.Cluster().Nodes, prices)
 	s.wake()
+	s.interruptPricedOutSoon(ctx)
+}
+
+// spotSweeper runs interruptPricedOut passes one at a time.
+type spotSweeper struct{ running atomic.Bool }
+
+// interruptPricedOutSoon starts an interruptPricedOut pass off the loop
+// unless one runs: a replica that reads a new price looks again, for a
+// rental it placed under the old one meanwhile.
+func (s *Scheduler) interruptPricedOutSoon(ctx context.Context) {
+	if !s.sweeping.running.CompareAndSwap(false, true) {
+		return
+	}
+	s.publishers.Go(func() {
+		defer s.sweeping.running.Store(false)
+		if n, err := s.interruptPricedOut(ctx, ""); err != nil {
+			s.d.Log.WarnContext(ctx, "interrupt spot rentals priced out", "err", err)
+		} else if n > 0 {
+			s.d.Log.InfoContext(ctx, "interrupted spot rentals priced above their maximum", "count", n)
+		}
+	})
 }
 
 // interruptPricedOut announces the interruption of every running capped
