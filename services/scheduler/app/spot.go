@@ -28,9 +28,9 @@ import (
 // whichever replica gets there first), RentalPreempted with
 // PREEMPT_REASON_SPOT_PRICE_ABOVE_MAX and the notice, then, once the
 // notice passed, StopRental (EXIT_REASON_PREEMPTED) from stopVictims. The
-// replicas look again when their loop reads a new price, and so does the
-// reconcile pass (a request placed by a replica that had not read the new
-// price yet, a replica that died between record and notice).
+// replicas look again when their loop reads a new price and every
+// ReconcileInterval (a request placed by a replica that had not read the
+// new price yet, a replica that died between record and notice).
 
 // spotPricePreemptor is the preemptor of a rental interrupted because the
 // spot price rose above its maximum: no rental takes its place.
