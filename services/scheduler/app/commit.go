@@ -273,7 +273,7 @@ func (s *Scheduler) recordScheduled(ctx context.Context, b ports.Batch, ok []*jo
 	allocs := make([]string, len(ok))
 	classes := make([]ports.Class, len(ok))
 	for i, j := range ok {
-		ids[i], allocs[i], classes[i] = ports.AttemptKey(j.Request.ID, j.Attempt), ports.AllocToken(j.alloc), ports.Class{Class: j.Request.Class, Priority: j.Request.Priority}
+		ids[i], allocs[i], classes[i] = ports.AttemptKey(j.Request.ID, j.Attempt), ports.AllocToken(j.alloc), ports.Class{Class: j.Request.Class, Priority: j.Request.Priority, MaxSpotPrice: j.Request.MaxSpotPrice}
 	}
 	outcomes, err := s.rec.Claim(ctx, ids, round.OutcomeScheduled, allocs, classes)
 	if err != nil {

@@ -45,10 +45,12 @@ func (s *Scheduler) Run(ctx context.Context) {
 				s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
 			}
 		case <-tick.C:
+			s.refreshSpotPrices(ctx)
 			s.retryPending(ctx, false)
 			s.stopVictimsSoon(ctx)
 		case <-reconcile.C:
 			s.reconcileSoon(ctx)
+			s.interruptPricedOutSoon(ctx)
 		case <-s.kick:
 			s.retryPending(ctx, true)
 		}
@@ -79,6 +81,7 @@ func (s *Scheduler) refresh(ctx context.Context) error {
 	for i := range snap.Nodes {
 		nodes[i] = nodeOf(&snap.Nodes[i], classes)
 	}
+	round.SetSpotPrices(nodes, s.prices)
 	hideIn(nodes, hide)
 	s.view.Reset(nodes, snap.Version, s.d.Now())
 	s.metrics.fragmentation(s.view.Fragmentation())
@@ -109,6 +112,7 @@ func (s *Scheduler) refreshNode(ctx context.Context, id string) error {
 		return err
 	}
 	nodes := []placement.Node{nodeOf(&st, classes)}
+	round.SetSpotPrices(nodes, s.prices)
 	hideIn(nodes, hide)
 	s.view.SetNode(nodes[0])
 	return nil
