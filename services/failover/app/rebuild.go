@@ -220,6 +220,26 @@ func (f *Failover) restoreRecords(ctx context.Context, rebuilt *migrate.Records)
 	return nil
 }
 
+// recordsIntact returns errRecordsLost (and stops the replica acting)
+// when the marker is missing: what was just read of the records may come
+// from a Redis that lost them. Callers look after their reads, so a read
+// from an emptied Redis is never acted on (a rebuild in between rewrites
+// the records before the marker).
+func (f *Failover) recordsIntact(ctx context.Context) error {
+	if f.rec.rdb == nil {
+		return nil // records of a test's fakes, never lost
+	}
+	n, err := f.rec.rdb.Exists(ctx, f.rec.markerKey()).Result()
+	if err != nil {
+		return unavailable("read the records marker", err)
+	}
+	if n == 0 {
+		f.ready.Store(false)
+		return errRecordsLost
+	}
+	return nil
+}
+
 // watchRecords is the records' watch loop body: ensureRecords, logging a
 // failure (the next tick tries again).
 func (f *Failover) watchRecords(ctx context.Context, _ time.Time) {
