@@ -161,8 +161,9 @@ func (s *scaler) watchState(js jetstream.JetStream) func(ctx context.Context, _ 
 }
 
 // PoolReplicas folds the RENTALS stream into each pool's replicas as the
-// live handlers keep them: a RentalRequested of a pool rental id
-// ("pool-<pool>-<seq>", with the pool label) adds it and moves the pool's
+// live handlers keep them: a RentalRequested the autoscaler published
+// (its source) of a pool rental id ("pool-<pool>-<seq>", with the pool
+// label) adds it and moves the pool's
 // sequence on; the autoscaler's own RentalCancelRequested removes it
 // (apply drops a replica when it cancels it), as do a RentalRejected for
 // any other reason than a cancel and a RentalStopped whose workload
@@ -194,8 +195,8 @@ func (p *PoolReplicas) Fold(subj string, data []byte) {
 		}
 		pool := ev.GetSpec().GetLabels()[PoolLabel]
 		seq, ok := poolSeq(ev.GetRentalId(), pool)
-		if !ok {
-			return
+		if !ok || ev.GetMeta().GetSource() != topology.Autoscaler {
+			return // not a replica the autoscaler requested (apply)
 		}
 		rp := p.pools[pool]
 		if rp == nil {

@@ -22,8 +22,8 @@ func TestRebuiltPoolReplicasAreTheRequestedOnesNotEndedNorCancelledByTheAutoscal
 		p.Fold(subj, data)
 	}
 	request := func(id string, plan shizuv1.Plan) {
-		fold("rental.acme.requested", &shizuv1.RentalRequested{RentalId: id, TenantId: "acme",
-			Spec: &shizuv1.RentalSpec{Plan: plan, Labels: map[string]string{PoolLabel: "web"}}})
+		fold("rental.acme.requested", &shizuv1.RentalRequested{Meta: &shizuv1.EventMeta{Source: topology.Autoscaler},
+			RentalId: id, TenantId: "acme", Spec: &shizuv1.RentalSpec{Plan: plan, Labels: map[string]string{PoolLabel: "web"}}})
 	}
 	for i, id := range []string{"pool-web-1", "pool-web-2", "pool-web-3", "pool-web-4", "pool-web-5", "pool-web-6"} {
 		plan := shizuv1.Plan_PLAN_ON_DEMAND
@@ -36,6 +36,8 @@ func TestRebuiltPoolReplicasAreTheRequestedOnesNotEndedNorCancelledByTheAutoscal
 	fold("rental.acme.requested", &shizuv1.RentalRequested{RentalId: "pool-api-9", TenantId: "acme",
 		Spec: &shizuv1.RentalSpec{Labels: map[string]string{PoolLabel: "web"}}}) // not a web id
 	fold("rental.acme.requested", &shizuv1.RentalRequested{RentalId: "tenant-own", TenantId: "acme"})
+	fold("rental.acme.requested", &shizuv1.RentalRequested{Meta: &shizuv1.EventMeta{Source: "tenant"}, RentalId: "pool-web-99",
+		TenantId: "acme", Spec: &shizuv1.RentalSpec{Labels: map[string]string{PoolLabel: "web"}}}) // not the autoscaler's
 	fold("rental.acme.cancel_requested", &shizuv1.RentalCancelRequested{RentalId: "pool-web-6", RequestedBy: topology.Autoscaler})
 	fold("rental.acme.cancel_requested", &shizuv1.RentalCancelRequested{RentalId: "pool-web-5", RequestedBy: "tenant"})
 	fold("rental.acme.rejected", &shizuv1.RentalRejected{RentalId: "pool-web-2", Reason: shizuv1.RejectReason_REJECT_REASON_PENDING_TIMEOUT})
