@@ -157,24 +157,29 @@ func secondsOf(t testing.TB, cfg app.Config, rentals []rental) map[string]int64 
 // TestLosingRedisLosesNoBilledSecondAndBillsNoneTwice runs the real
 // service on the real clock (one-second records), starts rentals, stops
 // some, moves one off a lost node, then restarts Redis empty (with metering
-// running, or while it is down), starts more and stops them all: the
+// running, with two replicas running, or while it is down), starts more
+// and stops them all: the
 // usage records on the stream and the aggregates must be exactly those of
 // a run that never lost Redis, each record published once, and every
 // rental's billed seconds its run's seconds (with the top-up to the
 // minimum charge where it applies).
 func TestLosingRedisLosesNoBilledSecondAndBillsNoneTwice(t *testing.T) {
 	t.Parallel()
-	for _, down := range []bool{false, true} {
-		name := "while metering runs"
-		if down {
-			name = "while metering is down"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		replicas int
+		down     bool
+	}{{"while metering runs", 1, false}, {"while metering is down", 1, true}, {"while two replicas run", 2, false}} {
+		down := c.down
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnvWithUsers(t)
 			cfg := testConfig()
 			cfg.Rules.Interval, cfg.CloseGrace, cfg.Tick = time.Second, 2*time.Second, 100*time.Millisecond
 			stop := e.runMetering(t, cfg)
+			for range c.replicas - 1 {
+				e.runMetering(t, cfg)
+			}
 			e.prices(t, cfg)
 			early := liveRentals(21, 12, "a-")
 			moved := early[:2]
