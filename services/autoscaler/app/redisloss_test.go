@@ -40,3 +40,28 @@ func TestAfterLosingRedisAPoolKeepsItsReplicasAndRequestsNoneAgain(t *testing.T)
 		t.Fatalf("cancelled %v", got)
 	}
 }
+
+func TestAPoolDeclaredThroughTheBusIsKnownAgainAfterLosingRedis(t *testing.T) {
+	t.Parallel()
+	e := start(t, testPolicy())
+	e.declare(t, "api", "globex", apiPool())
+	testkit.Eventually(t, 10*time.Second, func() error {
+		if req, _ := e.poolRentals(t, "api"); len(req) != 2 {
+			return fmt.Errorf("%d api rentals requested", len(req))
+		}
+		return nil
+	})
+
+	e.redis.Restart(t) // the declaration and the pool's record are gone with it
+	// 50 in flight over the 2 replicas: 25 each, above 10: two more.
+	e.sample(t, "api", 50)
+	testkit.Eventually(t, 15*time.Second, func() error {
+		if req, _ := e.poolRentals(t, "api"); !slices.Equal(req, []string{"pool-api-1", "pool-api-2", "pool-api-3", "pool-api-4"}) {
+			return fmt.Errorf("api rentals requested %v", req)
+		}
+		return nil
+	})
+	if _, ok := e.storedPools(t)["api"]; !ok {
+		t.Fatal("the declaration is not stored again")
+	}
+}

@@ -113,6 +113,9 @@ func (s *scaler) onSample(ctx context.Context, ev *shizuv1.TrafficSampled, _ bus
 		return err
 	}
 	if !ok {
+		if err := intact(ctx, s.states.rdb, s.states.marker); err != nil {
+			return err // the pool may be one a lost Redis forgot: redelivered after the rebuild
+		}
 		s.log.DebugContext(ctx, "traffic sample for a pool without policy", "pool", ev.GetPoolId())
 		return nil
 	}
