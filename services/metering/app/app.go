@@ -162,6 +162,6 @@ func Run(ctx context.Context, cfg Config) error {
 			return nil, err
 		}
 		// Stopped first (parts stop in reverse order).
-		return append(parts, service.StartLoop(context.WithoutCancel(ctx), cfg.Tick, recovery.check)), nil
+		return append(parts, recovery.Watch(context.WithoutCancel(ctx), cfg.Tick)), nil
 	})
 }

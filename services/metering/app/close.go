@@ -66,6 +66,7 @@ func (m *Meter) closeSegments(ctx context.Context, refs []ledger.SegmentRef) []e
 	errs := make([]error, len(refs))
 	states, err := m.store.MergeSegments(ctx, loads(refs))
 	if err != nil {
+		m.noteLost(err)
 		for i := range errs {
 			errs[i] = err
 		}

@@ -42,6 +42,8 @@ type Meter struct {
 	consumed watermark
 	// subs are the running consumers (Start), paused by a store rebuild.
 	subs *consumerSet
+	// lost wakes the store's recovery (noteLost).
+	lost chan struct{}
 }
 
 // Deps are what a Meter runs on.
@@ -84,7 +86,7 @@ func NewMeter(cfg Config, d Deps) (*Meter, error) {
 	}
 	return &Meter{metrics: ms, cat: cat, rules: cfg.Rules, grace: cfg.CloseGrace, parkGrace: cfg.ParkGrace, accounts: accounts, store: d.Store,
 		pub: d.Publisher, conn: d.Conn, log: d.Log, now: d.Now, source: topology.Metering,
-		opts: bus.ConsumeOptions{Concurrency: cfg.Concurrency, FastAck: cfg.FastAck}, batch: cfg.Batch}, nil
+		opts: bus.ConsumeOptions{Concurrency: cfg.Concurrency, FastAck: cfg.FastAck}, batch: cfg.Batch, lost: make(chan struct{}, 1)}, nil
 }
 
 // Start starts the consumers and, when tick is positive, the interval

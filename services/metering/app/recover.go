@@ -15,13 +15,15 @@ import (
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
 	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
 // Recovery keeps metering's store whole across a Redis loss (a restart
 // that comes back empty): it looks for the store's marker
-// (redisstore.Store.Ready) before the meter starts and then every tick,
+// (redisstore.Store.Ready) before the meter starts, then every tick and
+// whenever a guarded write was refused (Watch),
 // and when the marker is missing it pauses the meter's consumers, rebuilds
 // the store from the streams (RebuildStore) under the rebuild lock, so one
 // replica rebuilds while the others wait for the marker, writes the marker
@@ -115,9 +117,51 @@ func (r *Recovery) rebuild(ctx context.Context) (StoreRebuild, error) {
 
 // check is the recovery loop's body: Ensure, logging a failure (the next
 // tick tries again).
-func (r *Recovery) check(ctx context.Context, _ time.Time) {
+func (r *Recovery) check(ctx context.Context) {
 	if _, err := r.Ensure(ctx); err != nil && ctx.Err() == nil {
-		r.m.log.ErrorContext(ctx, "metering store recovery failed; retrying", "err", err)
+		r.m.log.WarnContext(ctx, "metering store recovery failed; retrying", "err", err)
+	}
+}
+
+// Watch starts the recovery's watch for a later loss: Ensure every tick,
+// and at once when a guarded write was refused (Meter.noteLost). The
+// returned part stops it.
+func (r *Recovery) Watch(ctx context.Context, tick time.Duration) service.Part {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(tick)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			case <-r.m.lost:
+			}
+			r.check(ctx)
+		}
+	}()
+	return service.PartFunc(func(stopCtx context.Context) error {
+		cancel()
+		select {
+		case <-done:
+			return nil
+		case <-stopCtx.Done():
+			return stopCtx.Err()
+		}
+	})
+}
+
+// noteLost wakes the recovery when err is a guarded write refused for a
+// missing marker: the store was lost since the last look.
+func (m *Meter) noteLost(err error) {
+	if redisstore.IsLost(err) {
+		select {
+		case m.lost <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -69,6 +69,7 @@ func (m *Meter) HandleRentals(ctx context.Context, ds []bus.Delivery) []error {
 	b := m.sortRentals(ds)
 	if len(b.events) > 0 {
 		states, err := m.store.MergeSegments(ctx, b.events)
+		m.noteLost(err)
 		segErr := map[ledger.SegmentRef]error{}
 		if err == nil {
 			m.noteParked(ctx, states)
