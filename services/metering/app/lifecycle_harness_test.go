@@ -143,3 +143,28 @@ func TestHarnessSpotSecondsAboveTheMaximumAreCountedAndLogged(t *testing.T) {
 		t.Fatalf("no log line names the rental:\n%s", logs)
 	}
 }
+
+// A node whose wall clock runs an hour behind the scheduler's stamps its
+// run an hour before it was placed. Billed at face value, the running
+// rental's first close would bill that whole hour at once (and its stop,
+// 90 s after the stamped start, could not take it back). It is billed from
+// its placement, for as long as its stamps say it ran, and nothing before.
+func TestHarnessARunStampedBeforeItsPlacementIsBilledFromThePlacementForItsLength(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "")
+	placed := base.Add(time.Hour)
+	r := stoppedRental("behind", shizuv1.Plan_PLAN_ON_DEMAND, 1, base, 90*time.Second)
+	evs := r.events()
+	evs[0].msg.(*shizuv1.RentalScheduled).Meta.OccurredAt = timestamppb.New(placed)
+	h.now = placed.Add(time.Minute + h.cfg.CloseGrace) // running: the first minute after the placement closes
+	h.rentals(t, evs[:2])
+	if _, err := h.meter.CloseDue(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	h.assertBilled(t, "behind", 1, []billed{{placed, 60, 2_490_000}})
+	h.rentals(t, evs[2:])
+	if _, err := h.meter.CloseDue(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	h.assertBilled(t, "behind", 1, []billed{{placed, 60, 2_490_000}, {placed.Add(time.Minute), 30, 2_490_000}})
+}

@@ -165,6 +165,9 @@ func (m *Meter) scheduled(d bus.Delivery) (ledger.SegmentEvent, error) {
 		p := pricing.FromProto(mx)
 		st.MaxSpot = &p
 	}
+	if at := ev.GetMeta().GetOccurredAt(); at != nil {
+		st.ScheduledAt = at.AsTime()
+	}
 	return ledger.ScheduledEvent(st), nil
 }
 

@@ -102,6 +102,11 @@ func Merge(st SegmentState, due DueEntry, ev SegmentEvent) (SegmentState, DueEnt
 	case ChangeScheduled:
 		f := ev.Facts
 		st.Scheduled = true
+		if st.ScheduledAt.IsZero() {
+			// The first schedule's time stays: a schedule published again
+			// later (a redelivered request) is no later placement.
+			st.ScheduledAt = f.ScheduledAt
+		}
 		st.TenantID, st.NodeID, st.Plan, st.Model, st.Zone = f.TenantID, f.NodeID, f.Plan, f.Model, f.Zone
 		st.GPUCount, st.MilliGPU, st.Labels = f.GPUCount, f.MilliGPU, maps.Clone(f.Labels)
 		if f.MaxSpot != nil {

@@ -14,9 +14,11 @@ type SegmentState struct {
 	RentalID string
 	Attempt  int32
 
-	// From RentalScheduled.
-	Scheduled bool
-	TenantID  string
+	// From RentalScheduled; ScheduledAt is its occurred_at (the
+	// scheduler's clock), before which no run of the placement starts.
+	Scheduled   bool
+	ScheduledAt time.Time
+	TenantID    string
 	// NodeID is the schedule's node, or StartNode while it names none.
 	NodeID   string
 	Plan     shizuv1.Plan
@@ -46,12 +48,46 @@ type SegmentState struct {
 	Done bool
 }
 
-// Start is the segment's billing start, if known.
+// Start is the segment's billing start, if known: the node's stamp, or
+// the placement's time when the stamp is before it (see Skew).
 func (s SegmentState) Start() time.Time {
+	start := s.stampedStart()
+	if start.IsZero() {
+		return start
+	}
+	return start.Add(s.Skew())
+}
+
+// stampedStart is the start as the node stamped it.
+func (s SegmentState) stampedStart() time.Time {
 	if !s.StoppedStartedAt.IsZero() {
 		return s.StoppedStartedAt
 	}
 	return s.StartedAt
+}
+
+// Skew is how far the node's stamps run behind the placement: a run
+// cannot start before it was placed, so a start stamped earlier comes from
+// a node whose wall clock was stepped (or runs) behind the scheduler's.
+// Billed at face value, such a start would bill the hour (say) before the
+// run at once, while it runs. Its stamps are moved forward by the skew
+// instead: the run is billed from its placement for as long as its stamps
+// say it ran (the agent stamps a stop as its start plus the time elapsed).
+func (s SegmentState) Skew() time.Duration {
+	start := s.stampedStart()
+	if start.IsZero() || s.ScheduledAt.IsZero() || !start.Before(s.ScheduledAt) {
+		return 0
+	}
+	return s.ScheduledAt.Sub(start)
+}
+
+// stoppedAt is the stop, moved by the skew like the start; zero if
+// unknown.
+func (s SegmentState) stoppedAt() time.Time {
+	if s.StoppedAt.IsZero() {
+		return s.StoppedAt
+	}
+	return s.StoppedAt.Add(s.Skew())
 }
 
 // End is the segment's billing end, if known: the earlier of the stop and
@@ -59,7 +95,7 @@ func (s SegmentState) Start() time.Time {
 // failover is not billed. A node lost before its first heartbeat after the
 // start bills nothing (the end is the start).
 func (s SegmentState) End() time.Time {
-	end := s.StoppedAt
+	end := s.stoppedAt()
 	lost := s.LostAt
 	if lost.IsZero() {
 		return end
@@ -82,7 +118,7 @@ func (s SegmentState) Segment() (Segment, bool) {
 	}
 	end := s.End()
 	tenantEnded := false
-	if !s.StoppedAt.IsZero() && end.Equal(s.StoppedAt) {
+	if !s.StoppedAt.IsZero() && end.Equal(s.stoppedAt()) {
 		switch s.ExitReason {
 		case shizuv1.ExitReason_EXIT_REASON_COMPLETED, shizuv1.ExitReason_EXIT_REASON_FAILED, shizuv1.ExitReason_EXIT_REASON_CANCELLED:
 			tenantEnded = true

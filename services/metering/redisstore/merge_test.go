@@ -53,6 +53,9 @@ func genOp(t *rapid.T) op {
 		if rapid.Bool().Draw(t, "capped") {
 			st.MaxSpot = &pricing.Money{Micros: rapid.Int64Range(0, 5_000_000).Draw(t, "max"), Currency: "USD"}
 		}
+		if rapid.Bool().Draw(t, "timed") {
+			st.ScheduledAt = at(t, "scheduled")
+		}
 		ev := ledger.ScheduledEvent(st)
 		return op{ev: &ev}
 	case 1:

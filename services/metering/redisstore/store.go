@@ -91,6 +91,11 @@ while i <= #ARGV do
     local first, last = i + 3, i + 2 + 2 * n
     if mode == 'start' then
       for j = first, last, 2 do redis.call('HSETNX', seg, ARGV[j], ARGV[j+1]) end
+    elseif mode == 'sched' then
+      for j = first, last, 2 do
+        if ARGV[j] == 'schedat' then redis.call('HSETNX', seg, ARGV[j], ARGV[j+1])
+        else redis.call('HSET', seg, ARGV[j], ARGV[j+1]) end
+      end
     elseif n > 0 then
       redis.call('HSET', seg, unpack(ARGV, first, last))
     end
@@ -122,6 +127,9 @@ func encode(ev ledger.SegmentEvent) (mode string, due int64, fields []any, err e
 		}
 		f := []any{"sched", 1, "tenant", st.TenantID, "node", st.NodeID, "plan", int32(st.Plan),
 			"model", st.Model, "zone", st.Zone, "gpus", st.GPUCount, "milli", st.MilliGPU, "labels", labels}
+		if !st.ScheduledAt.IsZero() {
+			f = append(f, "schedat", nanos(st.ScheduledAt))
+		}
 		if st.MaxSpot != nil {
 			f = append(f, "maxspot", st.MaxSpot.Micros, "maxspotcur", st.MaxSpot.Currency)
 		}
@@ -235,7 +243,7 @@ func parseSegment(ref ledger.SegmentRef, h map[string]string, lost string) (ledg
 	}
 	num := func(k string) int64 { n, _ := strconv.ParseInt(h[k], 10, 64); return n }
 	if h["sched"] == "1" {
-		st.Scheduled = true
+		st.Scheduled, st.ScheduledAt = true, tm("schedat")
 		st.TenantID, st.NodeID, st.Model, st.Zone = h["tenant"], h["node"], h["model"], h["zone"]
 		st.Plan = shizuv1.Plan(num("plan"))
 		st.GPUCount, st.MilliGPU = int32(num("gpus")), int32(num("milli"))
