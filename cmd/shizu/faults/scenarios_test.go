@@ -1,0 +1,76 @@
+package faults
+
+import (
+	"time"
+
+	"github.com/shizu-gpu/shizu/shared/topology"
+)
+
+// The scenarios. Each is used by the bounded test (TestFaults) and the
+// benchmark (BenchmarkFaults); size.Full picks the benchmark's longer
+// faults. A fault's duration is a wall-clock wait on purpose (the outage
+// itself), never a wait for the platform to react: that is waitSettled.
+
+// natsOutage SIGKILLs nats-server and starts it again on its store after
+// down (the benchmark's 5 s and 30 s; the test's 5 s and 10 s).
+func natsOutage(name string, down, bounded time.Duration) scenario {
+	return scenario{Name: name, Fault: func(r *run) {
+		d := down
+		if !r.sz.Full {
+			d = bounded
+		}
+		hold(r.ctx, r.sz.Every) // requests flow before the crash
+		r.d.nats.Kill(r.t)
+		hold(r.ctx, d)
+		r.d.nats.Start(r.t)
+	}}
+}
+
+// redisLoss SIGKILLs redis-server and starts it again after 2 s: with
+// persistence it loads its AOF, without it starts empty.
+func redisLoss(name string, persistent bool) scenario {
+	return scenario{Name: name,
+		Shape: func(sh *shape, _ size) { sh.PersistentRedis = persistent },
+		Fault: func(r *run) {
+			hold(r.ctx, r.sz.Every)
+			r.d.redis.Kill(r.t)
+			hold(r.ctx, 2*time.Second)
+			r.d.redis.Start(r.t)
+		}}
+}
+
+// serviceKills SIGKILLs each service in turn (scheduler, metering,
+// failover, autoscaler) and starts it again a second later.
+func serviceKills() scenario {
+	return scenario{Name: "kill-each-service", Fault: func(r *run) {
+		for _, name := range []string{topology.Scheduler, topology.Metering, topology.Failover, topology.Autoscaler} {
+			r.d.procs[name].kill()
+			hold(r.ctx, time.Second)
+			r.d.restart(name)
+			hold(r.ctx, 2*time.Second)
+		}
+	}}
+}
+
+// schedulerLoop runs two scheduler replicas and SIGKILLs one of them,
+// alternating, kills times (10 in the benchmark, 4 in the test), each
+// started again a second later.
+func schedulerLoop() scenario {
+	return scenario{Name: "kill-scheduler-replicas",
+		Shape: func(sh *shape, _ size) { sh.Schedulers = 2 },
+		Fault: func(r *run) {
+			kills := 4
+			if r.sz.Full {
+				kills = 10
+			}
+			replicas := []string{topology.Scheduler, topology.Scheduler + "-2"}
+			for i := range kills {
+				name := replicas[i%2]
+				r.d.procs[name].kill()
+				hold(r.ctx, time.Second)
+				r.d.restart(name)
+				hold(r.ctx, time.Second)
+			}
+			r.res.Extra["scheduler_kills"] = float64(kills)
+		}}
+}
