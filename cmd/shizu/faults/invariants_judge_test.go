@@ -81,6 +81,12 @@ func TestTheJudgeFindsEachViolation(t *testing.T) {
 			func(f figures) bool { return f.Evicted == 1 && f.settled() }},
 		{"a move off a faulted node is no eviction", func(o *observation) { o.Migrating["r1"], o.FaultedNodes["n1"] = 1, true },
 			func(f figures) bool { return f.Evicted == 0 }},
+		{"a run stopped as cancelled that its tenant never cancelled is evicted", func(o *observation) {
+			o.Runs[0].Stopped, o.Runs[0].Exit = t0.Add(10*time.Second), shizuv1.ExitReason_EXIT_REASON_CANCELLED
+		}, func(f figures) bool { return f.Evicted == 1 }},
+		{"a run its tenant cancelled is no eviction", func(o *observation) {
+			o.Runs[0].Stopped, o.Runs[0].Exit, o.Cancelled["r1"] = t0.Add(10*time.Second), shizuv1.ExitReason_EXIT_REASON_CANCELLED, true
+		}, func(f figures) bool { return f.Evicted == 0 }},
 		{"a run failed on a healthy node is evicted", func(o *observation) { o.Runs[1].Exit = shizuv1.ExitReason_EXIT_REASON_NODE_FAILED },
 			func(f figures) bool { return f.Evicted == 1 }},
 		{"a preemption outside a preemption scenario is an eviction", func(o *observation) {

@@ -71,7 +71,8 @@ type history struct {
 	Rejected map[string]int
 	// Migrating counts each rental's RentalMigrating events.
 	Migrating map[string]int
-	// Cancelled are the rentals whose cancel the driver asked for.
+	// Cancelled are the rentals whose tenant asked for their cancel (a
+	// RentalCancelRequested in the stream, or acked to the driver).
 	Cancelled map[string]bool
 	Runs      []runSegment
 	Preempted []preemption
@@ -263,7 +264,13 @@ func judgeRuns(o observation, f *figures) {
 			continue
 		}
 		switch r.Exit {
-		case shizuv1.ExitReason_EXIT_REASON_COMPLETED, shizuv1.ExitReason_EXIT_REASON_CANCELLED:
+		case shizuv1.ExitReason_EXIT_REASON_COMPLETED:
+		case shizuv1.ExitReason_EXIT_REASON_CANCELLED:
+			// An agent also reports a workload it stops because its
+			// allocation is gone (a lost store) as cancelled.
+			if !o.Cancelled[r.Rental] {
+				evicted[r.Rental] = true
+			}
 		case shizuv1.ExitReason_EXIT_REASON_PREEMPTED:
 			if !o.Preemption || !victims[r.Rental] {
 				evicted[r.Rental] = true

@@ -127,6 +127,11 @@ func (h *history) add(subj string, data []byte, runs map[string]int) error {
 		if decode(ev) && ev.GetRentalId() != "" {
 			h.Rejected[ev.GetRentalId()]++
 		}
+	case "cancel_requested":
+		ev := &shizuv1.RentalCancelRequested{}
+		if decode(ev) && ev.GetRentalId() != "" {
+			h.Cancelled[ev.GetRentalId()] = true
+		}
 	case "migrating":
 		ev := &shizuv1.RentalMigrating{}
 		if decode(ev) && ev.GetRentalId() != "" {
