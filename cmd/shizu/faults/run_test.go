@@ -34,7 +34,10 @@ type scenario struct {
 	Shape func(sh *shape, sz size)
 	// Setup runs after the deployment started, before any request.
 	Setup func(r *run)
-	// Warm places the warm load (default: sz.Warm mixed requests).
+	// Spec is request i of the warm and trickled load (default
+	// deployment.mixedSpec).
+	Spec func(d *deployment, i int) *shizuv1.RentalSpec
+	// Warm places the warm load (default: sz.Warm requests of Spec).
 	Warm func(r *run) []string
 	// Fault breaks something and returns once the fault has ended.
 	Fault func(r *run)
@@ -97,11 +100,15 @@ func runScenario(t testing.TB, sc scenario, sz size) result {
 	if sc.Setup != nil {
 		sc.Setup(r)
 	}
+	spec := r.d.mixedSpec
+	if sc.Spec != nil {
+		spec = func(i int) *shizuv1.RentalSpec { return sc.Spec(r.d, i) }
+	}
 	var warm []string
 	if sc.Warm != nil {
 		warm = sc.Warm(r)
 	} else {
-		warm = r.l.burst(r.ctx, "warm", sz.Warm, r.d.mixedSpec)
+		warm = r.l.burst(r.ctx, "warm", sz.Warm, spec)
 	}
 	if _, ok := r.waitSettled("the warm load", settleDeadline, sc.Preemption); !ok {
 		t.Fatalf("%s: the warm load did not settle before the fault", sc.Name)
@@ -110,7 +117,7 @@ func runScenario(t testing.TB, sc scenario, sz size) result {
 	stop := make(chan struct{})
 	trickle, cancels := func() {}, func() {}
 	if !sc.Quiet {
-		trickle = r.l.trickle(r.ctx, "during", sz.During, sz.Every, r.d.mixedSpec, stop)
+		trickle = r.l.trickle(r.ctx, "during", sz.During, sz.Every, spec, stop)
 		cancels = r.cancelSome(warm)
 	}
 	sc.Fault(r)
