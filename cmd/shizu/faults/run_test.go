@@ -251,6 +251,11 @@ func spotSpec(int) *shizuv1.RentalSpec {
 	return &shizuv1.RentalSpec{Plan: shizuv1.Plan_PLAN_SPOT, GpuCount: 1, MilliGpu: 1000}
 }
 
+// quarterSpec is a quarter of an on-demand GPU.
+func quarterSpec(int) *shizuv1.RentalSpec {
+	return &shizuv1.RentalSpec{Plan: shizuv1.Plan_PLAN_ON_DEMAND, GpuCount: 1, MilliGpu: 250, VramMib: 20480}
+}
+
 // onDemandSpec is a whole on-demand GPU (the storm's burst).
 func onDemandSpec(int) *shizuv1.RentalSpec {
 	return &shizuv1.RentalSpec{Plan: shizuv1.Plan_PLAN_ON_DEMAND, GpuCount: 1, MilliGpu: 1000}

@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -39,12 +40,21 @@ func redisLoss(name string, persistent bool) scenario {
 		}}
 }
 
+// whileDown publishes two quarter-GPU requests while service name is
+// down, so that each outage has work waiting for the restart.
+func (r *run) whileDown(name string, round int) {
+	for i := range 2 {
+		r.l.request(r.ctx, i, fmt.Sprintf("down-%s-%d-%d", name, round, i), quarterSpec(i))
+	}
+}
+
 // serviceKills SIGKILLs each service in turn (scheduler, metering,
 // failover, autoscaler) and starts it again a second later.
 func serviceKills() scenario {
 	return scenario{Name: "kill-each-service", Fault: func(r *run) {
 		for _, name := range []string{topology.Scheduler, topology.Metering, topology.Failover, topology.Autoscaler} {
 			r.d.procs[name].kill()
+			r.whileDown(name, 0)
 			hold(r.ctx, time.Second)
 			r.d.restart(name)
 			hold(r.ctx, 2*time.Second)
@@ -67,6 +77,7 @@ func schedulerLoop() scenario {
 			for i := range kills {
 				name := replicas[i%2]
 				r.d.procs[name].kill()
+				r.whileDown(name, i)
 				hold(r.ctx, time.Second)
 				r.d.restart(name)
 				hold(r.ctx, time.Second)
