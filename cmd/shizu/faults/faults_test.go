@@ -87,6 +87,7 @@ func (res result) violations() []string {
 	add(!res.Settled, "did not settle after the fault")
 	add(res.Acked == 0, "no request was acked")
 	add(res.Lost > 0, "acked requests lost")
+	add(res.Orphaned > 0, "pending requests never placed once capacity was free (orphaned)")
 	add(res.DoubleOutcomes > 0, "requests with two outcomes")
 	add(res.Unstarted > 0, "placed rentals never started")
 	add(res.OverCommitted > 0, "over-committed GPUs")
@@ -127,7 +128,7 @@ func BenchmarkFaults(b *testing.B) {
 // report is the figures as benchmark metrics.
 func (res result) report(b *testing.B) {
 	for name, v := range map[string]float64{
-		"acked": float64(res.Acked), "refused": float64(res.Refused), "lost": float64(res.Lost),
+		"acked": float64(res.Acked), "refused": float64(res.Refused), "lost": float64(res.Lost), "orphaned": float64(res.Orphaned),
 		"double_outcomes": float64(res.DoubleOutcomes), "evicted": float64(res.Evicted), "leaked": float64(res.Leaked),
 		"without_alloc": float64(res.WithoutAllocation), "overcommitted": float64(res.OverCommitted),
 		"twice": float64(res.RunningTwice), "unbilled_s": float64(res.Unbilled), "double_billed_s": float64(res.DoubleBilled),

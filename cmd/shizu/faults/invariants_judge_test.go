@@ -54,6 +54,8 @@ func TestTheJudgeFindsEachViolation(t *testing.T) {
 	}{
 		{"an acked request with no outcome is lost", func(o *observation) { o.Acked["r4"] = true },
 			func(f figures) bool { return f.Lost == 1 && !f.settled() }},
+		{"an acked request reported pending is waiting, not lost", func(o *observation) { o.Acked["r4"], o.Pending["r4"] = true, true },
+			func(f figures) bool { return f.Lost == 0 && f.Waiting == 1 && f.settled() }},
 		{"a request both placed and rejected has two outcomes", func(o *observation) { o.Rejected["r1"] = 1 },
 			func(f figures) bool { return f.DoubleOutcomes == 1 }},
 		{"a placement that never starts is unstarted", func(o *observation) { o.Scheduled["r1"][2] = "n1" },

@@ -69,6 +69,9 @@ type history struct {
 	Scheduled map[string]map[int32]string
 	// Rejected counts each rental's RentalRejected events.
 	Rejected map[string]int
+	// Pending are the rentals the scheduler reported waiting for capacity
+	// (a RentalPending).
+	Pending map[string]bool
 	// Migrating counts each rental's RentalMigrating events.
 	Migrating map[string]int
 	// Cancelled are the rentals whose tenant asked for their cancel (a
@@ -81,7 +84,7 @@ type history struct {
 
 func newHistory() history {
 	return history{Acked: map[string]bool{}, Requested: map[string]bool{}, Scheduled: map[string]map[int32]string{},
-		Rejected: map[string]int{}, Migrating: map[string]int{}, Cancelled: map[string]bool{}}
+		Rejected: map[string]int{}, Pending: map[string]bool{}, Migrating: map[string]int{}, Cancelled: map[string]bool{}}
 }
 
 // observation is everything judge looks at.
@@ -104,13 +107,17 @@ type observation struct {
 // figures are the checker's findings.
 type figures struct {
 	Acked, Lost, DoubleOutcomes, Unstarted int
-	OverCommitted, Miscounted              int
-	Leaked, WithoutAllocation              int
-	RunningTwice, Evicted                  int
-	RunSeconds, BilledSeconds              int64
-	Unbilled, DoubleBilled                 int64
-	Preempted, PreemptedTwice              int
-	PreemptorsUnplaced                     int
+	// Waiting are acked requests reported pending, with no outcome yet;
+	// Orphaned those still waiting once every rental was cancelled (so
+	// capacity was free for them): set by the run's end.
+	Waiting, Orphaned         int
+	OverCommitted, Miscounted int
+	Leaked, WithoutAllocation int
+	RunningTwice, Evicted     int
+	RunSeconds, BilledSeconds int64
+	Unbilled, DoubleBilled    int64
+	Preempted, PreemptedTwice int
+	PreemptorsUnplaced        int
 	// PreemptionLate is the largest delay of a victim's stop past its
 	// notice deadline (negative: every stop came before its deadline).
 	PreemptionLate time.Duration
@@ -191,6 +198,8 @@ func judgeOutcomes(o observation, f *figures) {
 	for _, rental := range sortedKeys(o.Acked) {
 		scheduled, rejected := len(o.Scheduled[rental]) > 0, o.Rejected[rental]
 		switch {
+		case !scheduled && rejected == 0 && o.Pending[rental]:
+			f.Waiting++
 		case !scheduled && rejected == 0:
 			f.Lost++
 			f.problem("%s: acked, no outcome", rental)

@@ -122,6 +122,11 @@ func (h *history) add(subj string, data []byte, runs map[string]int) error {
 			}
 			h.Scheduled[ev.GetRentalId()][ev.GetAttempt()] = ev.GetNodeId()
 		}
+	case "pending":
+		ev := &shizuv1.RentalPending{}
+		if decode(ev) && ev.GetRentalId() != "" {
+			h.Pending[ev.GetRentalId()] = true
+		}
 	case "rejected":
 		ev := &shizuv1.RentalRejected{}
 		if decode(ev) && ev.GetRentalId() != "" {

@@ -78,6 +78,11 @@ type result struct {
 // settleDeadline bounds the wait for the platform to settle.
 const settleDeadline = 150 * time.Second
 
+// orphanGrace is how long requests may still wait once nothing holds any
+// capacity before they count as orphaned (the scheduler retries pending
+// requests every 500 ms and wakes them at every stop).
+const orphanGrace = 20 * time.Second
+
 // billingDeadline bounds the wait for metering to bill every stopped run
 // (it closes an ended run's records on its next tick).
 const billingDeadline = 30 * time.Second
@@ -187,37 +192,48 @@ func (r *run) waitSettled(what string, deadline time.Duration, preemption bool) 
 	}
 }
 
-// finish cancels every live rental, waits until each stopped and metering
-// billed them, and records the final figures.
+// finish cancels every live rental, again as waiting requests take the
+// capacity freed, until every run stopped and nothing waits; metering
+// must then have billed every run. A request still waiting then is
+// orphaned: the capacity was there and it was never placed.
 func (r *run) finish(sc scenario) {
-	o, _, err := r.observe(sc.Preemption, false)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	for _, rental := range sortedKeys(o.Scheduled) {
-		if live(o, rental) && !o.Cancelled[rental] {
-			if err := r.l.cancel(r.ctx, rental); err != nil {
-				r.t.Errorf("%s: %v", sc.Name, err)
-			}
-		}
-	}
-	// Every run stops (cancelled, completed), then metering catches up.
-	var f figures
+	var (
+		o   observation
+		f   figures
+		err error
+	)
 	stopped := func() bool {
-		return err == nil && f.settled() && len(o.Allocations) == 0 && liveCount(o) == 0 && workloadCount(o) == 0
+		return err == nil && f.settled() && f.Waiting == 0 && len(o.Allocations) == 0 && liveCount(o) == 0 && workloadCount(o) == 0
 	}
+	var idleSince time.Time // nothing runs, requests still wait
 	for end := time.Now().Add(settleDeadline); ; hold(r.ctx, time.Second) {
 		if o, f, err = r.observe(sc.Preemption, true); stopped() {
 			break
 		}
+		if err == nil {
+			r.cancelLive(sc, o)
+		}
+		if err == nil && f.Waiting > 0 && len(o.Allocations) == 0 && liveCount(o) == 0 {
+			if idleSince.IsZero() {
+				idleSince = time.Now()
+			}
+			if time.Since(idleSince) > orphanGrace {
+				break // every host free, and they still wait: orphaned
+			}
+		} else {
+			idleSince = time.Time{}
+		}
 		if time.Now().After(end) {
-			r.t.Logf("%s: at the end, %d live, %d allocations, %d workloads: %s", sc.Name, liveCount(o), len(o.Allocations), workloadCount(o), strings.Join(f.Problems, "; "))
+			r.t.Logf("%s: at the end, %d live, %d waiting, %d allocations, %d workloads: %s", sc.Name, liveCount(o), f.Waiting,
+				len(o.Allocations), workloadCount(o), strings.Join(f.Problems, "; "))
 			break
 		}
 	}
-	for end := time.Now().Add(billingDeadline); stopped() && !f.billed() && time.Now().Before(end); hold(r.ctx, time.Second) {
+	quiet := func() bool { return err == nil && len(o.Allocations) == 0 && liveCount(o) == 0 && workloadCount(o) == 0 }
+	for end := time.Now().Add(billingDeadline); quiet() && !f.billed() && time.Now().Before(end); hold(r.ctx, time.Second) {
 		o, f, err = r.observe(sc.Preemption, true)
 	}
+	f.Orphaned = f.Waiting
 	settle, prior := r.res.Settle, r.res.Problems
 	r.res.figures = f
 	r.res.Settle, r.res.Problems = settle, append(prior, f.Problems...)
@@ -226,6 +242,17 @@ func (r *run) finish(sc scenario) {
 		sc.Check(r, o)
 	}
 	r.res.Ended = r.d.unexpectedExits()
+}
+
+// cancelLive cancels every live rental its tenant has not cancelled yet.
+func (r *run) cancelLive(sc scenario, o observation) {
+	for _, rental := range sortedKeys(o.Scheduled) {
+		if live(o, rental) && !o.Cancelled[rental] {
+			if err := r.l.cancel(r.ctx, rental); err != nil {
+				r.t.Errorf("%s: %v", sc.Name, err)
+			}
+		}
+	}
 }
 
 func liveCount(o observation) int {
@@ -251,6 +278,12 @@ func spotSpec(int) *shizuv1.RentalSpec {
 	return &shizuv1.RentalSpec{Plan: shizuv1.Plan_PLAN_SPOT, GpuCount: 1, MilliGpu: 1000}
 }
 
+// wholeHostSpec is all eight GPUs of a host, on the spot plan (so it
+// waits for capacity instead of preempting anything).
+func wholeHostSpec(int) *shizuv1.RentalSpec {
+	return &shizuv1.RentalSpec{Plan: shizuv1.Plan_PLAN_SPOT, GpuCount: 8, MilliGpu: 1000}
+}
+
 // quarterSpec is a quarter of an on-demand GPU.
 func quarterSpec(int) *shizuv1.RentalSpec {
 	return &shizuv1.RentalSpec{Plan: shizuv1.Plan_PLAN_ON_DEMAND, GpuCount: 1, MilliGpu: 250, VramMib: 20480}
@@ -263,8 +296,8 @@ func onDemandSpec(int) *shizuv1.RentalSpec {
 
 // line is the result as one row of the figures table.
 func (res result) line() string {
-	return fmt.Sprintf("%-24s settled=%-5v acked=%-4d refused=%-3d lost=%d double_outcomes=%d evicted=%d leaked=%d without_alloc=%d overcommitted=%d miscounted=%d twice=%d run_s=%d billed_s=%d unbilled_s=%d double_billed_s=%d preempted=%d preempted_twice=%d preemption_late=%s settle=%s extra=%v ended=%v",
-		res.Name, res.Settled, res.Acked, res.Refused, res.Lost, res.DoubleOutcomes, res.Evicted, res.Leaked, res.WithoutAllocation,
+	return fmt.Sprintf("%-24s settled=%-5v acked=%-4d refused=%-3d lost=%d orphaned=%d double_outcomes=%d evicted=%d leaked=%d without_alloc=%d overcommitted=%d miscounted=%d twice=%d run_s=%d billed_s=%d unbilled_s=%d double_billed_s=%d preempted=%d preempted_twice=%d preemption_late=%s settle=%s extra=%v ended=%v",
+		res.Name, res.Settled, res.Acked, res.Refused, res.Lost, res.Orphaned, res.DoubleOutcomes, res.Evicted, res.Leaked, res.WithoutAllocation,
 		res.OverCommitted, res.Miscounted, res.RunningTwice, res.RunSeconds, res.BilledSeconds, res.Unbilled, res.DoubleBilled,
 		res.Preempted, res.PreemptedTwice, res.PreemptionLate.Round(10*time.Millisecond), res.Settle.Round(100*time.Millisecond), res.Extra, res.Ended)
 }

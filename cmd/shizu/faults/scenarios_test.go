@@ -28,16 +28,44 @@ func natsOutage(name string, down, bounded time.Duration) scenario {
 }
 
 // redisLoss SIGKILLs redis-server and starts it again after 2 s: with
-// persistence it loads its AOF, without it starts empty.
+// persistence it loads its AOF, without it starts empty. Whole-host spot
+// requests (one more than there are hosts) wait for capacity across the
+// loss: once the run's end frees the hosts each must be placed, not
+// orphaned.
 func redisLoss(name string, persistent bool) scenario {
 	return scenario{Name: name,
 		Shape: func(sh *shape, _ size) { sh.PersistentRedis = persistent },
 		Fault: func(r *run) {
-			hold(r.ctx, r.sz.Every)
+			hosts := r.l.burst(r.ctx, "host", len(r.d.nodes)+1, wholeHostSpec)
+			r.res.Extra["pending_at_loss"] = float64(r.waitPending(hosts))
 			r.d.redis.Kill(r.t)
 			hold(r.ctx, 2*time.Second)
 			r.d.redis.Start(r.t)
 		}}
+}
+
+// waitPending waits (up to 30 s) until every one of rentals is placed or
+// reported pending, and returns how many are pending.
+func (r *run) waitPending(rentals []string) int {
+	end := time.Now().Add(30 * time.Second)
+	for {
+		o, _, err := r.observe(false, false)
+		if err == nil {
+			pending, decided := 0, 0
+			for _, id := range rentals {
+				switch {
+				case len(o.Scheduled[id]) > 0 || o.Rejected[id] > 0:
+					decided++
+				case o.Pending[id]:
+					pending++
+				}
+			}
+			if pending+decided == len(rentals) || time.Now().After(end) {
+				return pending
+			}
+		}
+		hold(r.ctx, 500*time.Millisecond)
+	}
 }
 
 // whileDown publishes two quarter-GPU requests while service name is
@@ -64,7 +92,8 @@ func serviceKills() scenario {
 
 // schedulerLoop runs two scheduler replicas and SIGKILLs one of them,
 // alternating, kills times (10 in the benchmark, 4 in the test), each
-// started again a second later.
+// right after a burst of requests arrived (so that it dies while placing
+// some) and started again a second later.
 func schedulerLoop() scenario {
 	return scenario{Name: "kill-scheduler-replicas",
 		Shape: func(sh *shape, _ size) { sh.Schedulers = 2 },
@@ -76,6 +105,7 @@ func schedulerLoop() scenario {
 			replicas := []string{topology.Scheduler, topology.Scheduler + "-2"}
 			for i := range kills {
 				name := replicas[i%2]
+				r.l.burst(r.ctx, fmt.Sprintf("kill%d", i), 3, quarterSpec)
 				r.d.procs[name].kill()
 				r.whileDown(name, i)
 				hold(r.ctx, time.Second)
