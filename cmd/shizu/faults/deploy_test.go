@@ -168,7 +168,8 @@ func deploy(t testing.TB, sh shape) *deployment {
 }
 
 // openDir makes the deployment's folder; it is removed when the test
-// passes and kept, with its path in the test log, when it fails.
+// passes and kept, with its path in the test log, when it fails (or
+// SHIZU_FAULTS_KEEP is set).
 func (d *deployment) openDir() {
 	dir, err := os.MkdirTemp("", "shizu-faults-")
 	if err != nil {
@@ -176,7 +177,7 @@ func (d *deployment) openDir() {
 	}
 	d.dir = dir
 	d.t.Cleanup(func() {
-		if d.t.Failed() {
+		if d.t.Failed() || os.Getenv("SHIZU_FAULTS_KEEP") != "" {
 			d.t.Logf("deployment folder (logs: */*.log): %s", dir)
 			return
 		}

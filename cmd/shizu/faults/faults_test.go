@@ -101,6 +101,7 @@ func (res result) violations() []string {
 	add(res.PreemptedTwice > 0, "victims preempted twice")
 	add(res.PreemptorsUnplaced > 0, "preemptors not placed")
 	add(res.PreemptionLate > 2*time.Second, "a preemption carried out later than its notice plus 2 s")
+	add(res.PreemptedEarly > 0, "victims stopped before their notice deadline")
 	add(len(res.Ended) > 0, "processes ended on their own: "+strings.Join(res.Ended, ", "))
 	for k, v := range res.Extra {
 		add(strings.HasPrefix(k, "bad_") && v > 0, k)
@@ -133,7 +134,7 @@ func (res result) report(b *testing.B) {
 		"without_alloc": float64(res.WithoutAllocation), "overcommitted": float64(res.OverCommitted),
 		"twice": float64(res.RunningTwice), "unbilled_s": float64(res.Unbilled), "double_billed_s": float64(res.DoubleBilled),
 		"run_s": float64(res.RunSeconds), "settle_s": res.Settle.Seconds(), "preempted": float64(res.Preempted),
-		"preemption_late_s": res.PreemptionLate.Seconds(),
+		"preemption_late_s": res.PreemptionLate.Seconds(), "preempted_early": float64(res.PreemptedEarly),
 	} {
 		b.ReportMetric(v, name)
 	}

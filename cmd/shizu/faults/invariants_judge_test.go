@@ -131,7 +131,11 @@ func TestPreemptionFiguresCountVictimsOnceAndTheirDelayPastTheNotice(t *testing.
 	if f := judge(o); f.PreemptedTwice != 1 || f.Preempted != 1 {
 		t.Fatalf("a victim preempted for two rentals: %+v", f)
 	}
-	o.Preempted = o.Preempted[:1]
+	o.Preempted = []preemption{{Victim: "v1", Preemptor: "r1", At: t0.Add(time.Second), Deadline: t0.Add(7 * time.Second)}}
+	if f := judge(o); f.PreemptedEarly != 1 || f.PreemptionLate != -500*time.Millisecond {
+		t.Fatalf("a victim stopped before its deadline: %+v", f)
+	}
+	o.Preempted[0].Deadline = t0.Add(6 * time.Second)
 	o.Preempted[0].Preemptor = "r9"
 	if f := judge(o); f.PreemptorsUnplaced != 1 {
 		t.Fatalf("an unplaced preemptor: %+v", f)

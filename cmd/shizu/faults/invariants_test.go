@@ -121,6 +121,10 @@ type figures struct {
 	// PreemptionLate is the largest delay of a victim's stop past its
 	// notice deadline (negative: every stop came before its deadline).
 	PreemptionLate time.Duration
+	// PreemptedEarly counts victims stopped before their notice deadline
+	// (the notice promised them that long to checkpoint) that their
+	// tenant did not cancel.
+	PreemptedEarly int
 	// Settle is how long the platform took to satisfy the invariants after
 	// the fault ended (set by the caller).
 	Settle time.Duration
@@ -333,6 +337,10 @@ func judgePreemption(o observation, f *figures) {
 		f.Preempted++
 		if r, ok := segmentOf(o, p.Victim, latestAttempt(o, p.Victim)); ok && !r.Stopped.IsZero() {
 			f.PreemptionLate = max(f.PreemptionLate, r.Stopped.Sub(p.Deadline))
+			if r.Stopped.Before(p.Deadline) && !o.Cancelled[p.Victim] {
+				f.PreemptedEarly++
+				f.problem("%s stopped at %s, %s before its notice deadline (exit %s)", p.Victim, r.Stopped.Format(time.StampMilli), p.Deadline.Sub(r.Stopped), r.Exit)
+			}
 		} else {
 			f.problem("%s preempted at %s, not stopped", p.Victim, p.At.Format(time.StampMilli))
 		}

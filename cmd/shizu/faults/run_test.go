@@ -48,6 +48,10 @@ type scenario struct {
 	// Quiet: no requests trickle in and no warm rental is cancelled
 	// during the fault (the scenario's own load is the point).
 	Quiet bool
+	// Waiting: requests may still wait for capacity once settled (the
+	// scenario leaves some waiting on purpose); otherwise settling
+	// includes placing every one.
+	Waiting bool
 }
 
 // run is a scenario in progress.
@@ -115,7 +119,7 @@ func runScenario(t testing.TB, sc scenario, sz size) result {
 	} else {
 		warm = r.l.burst(r.ctx, "warm", sz.Warm, spec)
 	}
-	if _, ok := r.waitSettled("the warm load", settleDeadline, sc.Preemption); !ok {
+	if _, ok := r.waitSettled("the warm load", settleDeadline, sc); !ok {
 		t.Fatalf("%s: the warm load did not settle before the fault", sc.Name)
 	}
 	mark("the warm load")
@@ -131,7 +135,7 @@ func runScenario(t testing.TB, sc scenario, sz size) result {
 	trickle()
 	cancels()
 	mark("the fault")
-	f, ok := r.waitSettled("after the fault", settleDeadline, sc.Preemption)
+	f, ok := r.waitSettled("after the fault", settleDeadline, sc)
 	r.res.Settled, r.res.Settle = ok, time.Since(faultEnd)
 	if !ok {
 		t.Logf("%s: not settled within %s: %s", sc.Name, settleDeadline, strings.Join(f.Problems, "; "))
@@ -171,14 +175,14 @@ func (r *run) observe(preemption, billing bool) (observation, figures, error) {
 
 // waitSettled polls until the invariants hold, up to deadline; it returns
 // the last figures and whether they held.
-func (r *run) waitSettled(what string, deadline time.Duration, preemption bool) (figures, bool) {
+func (r *run) waitSettled(what string, deadline time.Duration, sc scenario) (figures, bool) {
 	end := time.Now().Add(deadline)
 	var last figures
 	for {
-		_, f, err := r.observe(preemption, false)
+		_, f, err := r.observe(sc.Preemption, false)
 		if err == nil {
 			last = f
-			if f.settled() {
+			if f.settled() && (sc.Waiting || f.Waiting == 0) {
 				return f, true
 			}
 		} else {
@@ -229,7 +233,9 @@ func (r *run) finish(sc scenario) {
 			break
 		}
 	}
-	quiet := func() bool { return err == nil && len(o.Allocations) == 0 && liveCount(o) == 0 && workloadCount(o) == 0 }
+	quiet := func() bool {
+		return err == nil && len(o.Allocations) == 0 && liveCount(o) == 0 && workloadCount(o) == 0
+	}
 	for end := time.Now().Add(billingDeadline); quiet() && !f.billed() && time.Now().Before(end); hold(r.ctx, time.Second) {
 		o, f, err = r.observe(sc.Preemption, true)
 	}

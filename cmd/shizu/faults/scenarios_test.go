@@ -33,7 +33,7 @@ func natsOutage(name string, down, bounded time.Duration) scenario {
 // loss: once the run's end frees the hosts each must be placed, not
 // orphaned.
 func redisLoss(name string, persistent bool) scenario {
-	return scenario{Name: name,
+	return scenario{Name: name, Waiting: true,
 		Shape: func(sh *shape, _ size) { sh.PersistentRedis = persistent },
 		Fault: func(r *run) {
 			hosts := r.l.burst(r.ctx, "host", len(r.d.nodes)+1, wholeHostSpec)
