@@ -40,7 +40,7 @@ var knownFailures = map[string]string{
 	"redis-kill-no-persistence": "needs the Redis rebuild (issue 14 symptom 2)",
 	// Metering bills a run from the agent's started_at: a run started on
 	// a clock stepped back is billed for the hour before it started
-	// (and one stepped forward is not billed until that hour has passed).
+	// (docs/metering.md's clock rule leaves such a clock out).
 	"clock-step": "metering bills a stepped agent clock's start stamp (docs/faults.md, known failures)",
 }
 
