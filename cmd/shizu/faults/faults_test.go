@@ -38,10 +38,6 @@ var knownFailures = map[string]string{
 	// its state, after losing Redis without persistence (branches
 	// i14-rebuild and i14-meterloss).
 	"redis-kill-no-persistence": "needs the Redis rebuild (issue 14 symptom 2)",
-	// Metering bills a run from the agent's started_at: a run started on
-	// a clock stepped back is billed for the hour before it started
-	// (docs/metering.md's clock rule leaves such a clock out).
-	"clock-step": "metering bills a stepped agent clock's start stamp (docs/faults.md, known failures)",
 }
 
 // TestFaults runs every scenario at the bounded size and checks the

@@ -102,6 +102,13 @@ func TestTheJudgeFindsEachViolation(t *testing.T) {
 		{"a record outside every run is double-billed", func(o *observation) {
 			o.Usage = append(o.Usage, usageRecord{ID: "u3", Rental: "r2", Node: "n2", Start: t0, Seconds: 3})
 		}, func(f figures) bool { return f.DoubleBilled == 3 }},
+		{"a run stamped before its placement is billed from the placement for its length", func(o *observation) {
+			o.PlacedAt[placementKey("r2", 1)] = t0.Add(time.Hour) // r2's node runs an hour behind
+			o.Usage[1].Start, o.Usage[1].End = t0.Add(time.Hour), t0.Add(time.Hour+5200*time.Millisecond)
+		}, func(f figures) bool { return f.billed() && f.RunSeconds == 6 }},
+		{"a run stamped before its placement and billed from its stamp is double-billed", func(o *observation) {
+			o.PlacedAt[placementKey("r2", 1)] = t0.Add(time.Hour)
+		}, func(f figures) bool { return f.DoubleBilled == 6 && f.Unbilled == 6 }},
 		{"billing is not judged before every run stopped", func(o *observation) { o.Billing = false; o.Usage = nil },
 			func(f figures) bool { return f.billed() && f.RunSeconds == 0 }},
 	} {

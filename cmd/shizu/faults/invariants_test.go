@@ -65,8 +65,11 @@ type history struct {
 	// Requested are the rentals with a RentalRequested in the stream
 	// (acked or not: a publish that timed out may have been stored).
 	Requested map[string]bool
-	// Scheduled is rental -> attempt -> node of each RentalScheduled.
+	// Scheduled is rental -> attempt -> node of each RentalScheduled, and
+	// PlacedAt the occurred_at of its first one (metering bills no run
+	// from before it: see runWindow).
 	Scheduled map[string]map[int32]string
+	PlacedAt  map[string]time.Time
 	// Rejected counts each rental's RentalRejected events.
 	Rejected map[string]int
 	// Pending are the rentals the scheduler reported waiting for capacity
@@ -83,7 +86,7 @@ type history struct {
 }
 
 func newHistory() history {
-	return history{Acked: map[string]bool{}, Requested: map[string]bool{}, Scheduled: map[string]map[int32]string{},
+	return history{Acked: map[string]bool{}, Requested: map[string]bool{}, Scheduled: map[string]map[int32]string{}, PlacedAt: map[string]time.Time{},
 		Rejected: map[string]int{}, Pending: map[string]bool{}, Migrating: map[string]int{}, Cancelled: map[string]bool{}}
 }
 
@@ -361,12 +364,30 @@ func runSeconds(r runSegment) int64 {
 	return int64((r.Stopped.Sub(r.Started) + time.Second - 1) / time.Second)
 }
 
+// runWindow is the run as metering bills it: a run stamped as started
+// before its placement (a node clock behind the scheduler's) is billed
+// from the placement, for as long as its stamps say (ledger's Skew).
+func runWindow(o observation, r runSegment) (start, stop time.Time) {
+	start, stop = r.Started, r.Stopped
+	if placed, ok := o.PlacedAt[placementKey(r.Rental, r.Attempt)]; ok && start.Before(placed) {
+		skew := placed.Sub(start)
+		start = placed
+		if !stop.IsZero() {
+			stop = stop.Add(skew)
+		}
+	}
+	return start, stop
+}
+
+func placementKey(rental string, attempt int32) string { return fmt.Sprintf("%s/%d", rental, attempt) }
+
 func judgeBilling(o observation, f *figures) {
 	billed := make([]int64, len(o.Runs))
 	for _, u := range o.Usage {
 		f.BilledSeconds += u.Seconds
 		i := slices.IndexFunc(o.Runs, func(r runSegment) bool {
-			return r.Rental == u.Rental && r.Node == u.Node && !u.Start.Before(r.Started) && (r.Stopped.IsZero() || u.Start.Before(r.Stopped))
+			start, stop := runWindow(o, r)
+			return r.Rental == u.Rental && r.Node == u.Node && !u.Start.Before(start) && (stop.IsZero() || u.Start.Before(stop))
 		})
 		if i < 0 {
 			f.DoubleBilled += u.Seconds

@@ -121,6 +121,10 @@ func (h *history) add(subj string, data []byte, runs map[string]int) error {
 				h.Scheduled[ev.GetRentalId()] = map[int32]string{}
 			}
 			h.Scheduled[ev.GetRentalId()][ev.GetAttempt()] = ev.GetNodeId()
+			k := placementKey(ev.GetRentalId(), ev.GetAttempt())
+			if _, seen := h.PlacedAt[k]; !seen && ev.GetMeta().GetOccurredAt() != nil {
+				h.PlacedAt[k] = ev.GetMeta().GetOccurredAt().AsTime()
+			}
 		}
 	case "pending":
 		ev := &shizuv1.RentalPending{}
