@@ -44,12 +44,14 @@ func (s *Scheduler) Run(ctx context.Context) {
 				s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
 			}
 		case <-tick.C:
-			s.retryPending(ctx, false)
-			s.stopVictimsSoon(ctx)
+			s.onWholeRecords(func() {
+				s.retryPending(ctx, false)
+				s.stopVictimsSoon(ctx)
+			})
 		case <-reconcile.C:
-			s.reconcileSoon(ctx)
+			s.onWholeRecords(func() { s.reconcileSoon(ctx) })
 		case <-s.kick:
-			s.retryPending(ctx, true)
+			s.onWholeRecords(func() { s.retryPending(ctx, true) })
 		}
 	}
 }
