@@ -49,7 +49,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 				s.stopVictimsSoon(ctx)
 			})
 		case <-reconcile.C:
-			s.onWholeRecords(func() { s.reconcileSoon(ctx) })
+			s.reconcileSoon(ctx)
 		case <-s.kick:
 			s.onWholeRecords(func() { s.retryPending(ctx, true) })
 		}
