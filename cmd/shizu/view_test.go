@@ -328,6 +328,9 @@ func TestVerbsFailInOneLine(t *testing.T) {
 		{"show wants a rental id", []string{"show"}, 2, "want one rental id"},
 		{"chaos wants a known action", []string{"chaos", "melt", "n1"}, 2, "unknown action"},
 		{"traffic refuses a bad pool id", []string{"traffic", "a.b"}, 2, "pool id"},
+		{"spot-price wants a zone, a model and a price", []string{"spot-price", "local", "H100-SXM5-80GB"}, 2, "want <zone> <model> <price>"},
+		{"spot-price refuses a price that is no amount", []string{"spot-price", "local", "H100-SXM5-80GB", "2,10"}, 2, "price"},
+		{"spot-price refuses a model that is no subject token", []string{"spot-price", "local", "H100 SXM", "2.10"}, 2, "zone or model"},
 		{"-o refuses unknown formats", []string{"ls", "-o", "yaml", "-dev-dir", empty}, 2, "want table or json"},
 		{"advise refuses an unknown model", []string{"advise", "-offline", "-model", "V100"}, 2, "not in the price catalogue"},
 	}

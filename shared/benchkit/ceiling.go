@@ -86,7 +86,10 @@ func (e *Env) PublishCeiling(ctx context.Context, n int) (float64, error) {
 	start := time.Now()
 	futs := make([]jetstream.PubAckFuture, 0, n)
 	for i := range n {
-		f, err := js.PublishAsync("ceiling.x", payload, jetstream.WithMsgID("c"+strconv.Itoa(i)))
+		// A loaded machine acks slowly: a publish waits for room among the
+		// outstanding ones (the client's limit) rather than failing after
+		// the default 200 ms.
+		f, err := js.PublishAsync("ceiling.x", payload, jetstream.WithMsgID("c"+strconv.Itoa(i)), jetstream.WithStallWait(time.Minute))
 		if err != nil {
 			return 0, err
 		}

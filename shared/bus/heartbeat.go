@@ -97,6 +97,16 @@ func (h *Heartbeats) Stop(ctx context.Context, node string) error {
 	return nil
 }
 
+// Serving reports whether the bucket answers (nil) or not: JetStream can be
+// down, or without a leader for the bucket's stream, while the connection
+// to the server is up, and then no beat is written or seen.
+func (h *Heartbeats) Serving(ctx context.Context) error {
+	if _, err := h.kv.Status(ctx); err != nil {
+		return fmt.Errorf("heartbeat bucket %s: %w", h.bucket, err)
+	}
+	return nil
+}
+
 // Alive reports whether node has beaten within the TTL, with its last payload.
 func (h *Heartbeats) Alive(ctx context.Context, node string) (bool, []byte, error) {
 	e, err := h.kv.Get(ctx, heartbeatKey(node))

@@ -35,3 +35,23 @@ func (n *NATS) Restart(t testing.TB) {
 	}
 	t.Fatalf("testkit: restart nats-server on %s: %v", n.URL, err)
 }
+
+// StopJetStream turns JetStream off on the running server, which keeps
+// its client connections: a JetStream outage (a lost meta leader, a full
+// store) that a client's connection state does not show. Every stream
+// and KV call fails until StartJetStream.
+func (n *NATS) StopJetStream(t testing.TB) {
+	t.Helper()
+	if err := n.Server.DisableJetStream(); err != nil {
+		t.Fatalf("testkit: disable JetStream: %v", err)
+	}
+}
+
+// StartJetStream turns JetStream on again on the same store directory:
+// the streams and buckets come back with what they held.
+func (n *NATS) StartJetStream(t testing.TB) {
+	t.Helper()
+	if err := n.Server.EnableJetStream(&server.JetStreamConfig{StoreDir: n.opts.StoreDir}); err != nil {
+		t.Fatalf("testkit: enable JetStream: %v", err)
+	}
+}

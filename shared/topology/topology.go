@@ -142,7 +142,10 @@ func Services() []Service {
 				FilterSubjects: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll,
 					subject.RentalStoppedAll, subject.RentalMigratingAll}},
 				// A GPU reported degraded or failed takes no new rental.
-				{Stream: StreamNodes, Durable: "scheduler-nodes", FilterSubjects: []string{subject.NodeHealthAll}}},
+				{Stream: StreamNodes, Durable: "scheduler-nodes", FilterSubjects: []string{subject.NodeHealthAll}},
+				// A spot price rise above a running rental's maximum
+				// interrupts it; the price also gates placement.
+				{Stream: StreamMarket, Durable: "scheduler-spot", FilterSubjects: []string{subject.SpotPriceChangedAll}}},
 		},
 		{
 			Name:      Metering,

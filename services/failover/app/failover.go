@@ -120,6 +120,7 @@ func (f *Failover) kick() {
 // decisions until ctx ends.
 func (f *Failover) run(ctx context.Context, disconnects <-chan Disconnect) error {
 	reconnected := f.watchConnection()
+	served := f.watchJetStream(ctx, f.cfg.Detect.Grace/4)
 	w, err := f.watchHeartbeats(ctx, heartbeatWatch{})
 	if err != nil {
 		return err
@@ -142,6 +143,10 @@ func (f *Failover) run(ctx context.Context, disconnects <-chan Disconnect) error
 			// only after its idle heartbeats were missed (see sight.go).
 			if w, err = f.watchHeartbeats(ctx, w); err != nil {
 				return nil // ctx ended
+			}
+		case <-served:
+			if w, err = f.watchHeartbeats(ctx, w); err != nil {
+				return nil
 			}
 		case ch, ok := <-w.changes:
 			if !ok {

@@ -20,6 +20,49 @@ import (
 // server after its idle heartbeats were missed (about 10 s), and by then
 // the expiry markers (kept 1 s) are gone.
 
+// A JetStream outage can leave the connection up (a lost meta leader, a
+// full store, JetStream turned off): the watch then simply goes quiet. So
+// failover also asks the bucket whether it serves, several times a TTL;
+// while it does not, failover is as blind as when disconnected, and once
+// it serves again the watch is restarted as after a reconnect.
+
+// watchJetStream probes the heartbeat bucket every interval until ctx
+// ends; the returned channel is signalled when it serves again after
+// not serving.
+func (f *Failover) watchJetStream(ctx context.Context, interval time.Duration) <-chan struct{} {
+	back := make(chan struct{}, 1)
+	go func() {
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		blind := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			pctx, cancel := context.WithTimeout(ctx, interval)
+			err := f.d.Heartbeats.Serving(pctx)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil && !blind:
+				blind = true
+				f.unobserved()
+				f.d.Log.WarnContext(ctx, "the heartbeat bucket does not serve; no missing beat is judged until it does", "err", err)
+			case err == nil && blind:
+				blind = false
+				select {
+				case back <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return back
+}
+
 // watchConnection chains failover's sight onto the bus connection's
 // disconnect and reconnect handlers (the bus's own still run first); a
 // reconnect is signalled on the returned channel.

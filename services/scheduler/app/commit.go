@@ -277,7 +277,7 @@ func (s *Scheduler) recordScheduled(ctx context.Context, b ports.Batch, ok []*jo
 	allocs := make([]string, len(ok))
 	classes := make([]ports.Class, len(ok))
 	for i, j := range ok {
-		ids[i], allocs[i], classes[i] = ports.AttemptKey(j.Request.ID, j.Attempt), ports.AllocToken(j.alloc), ports.Class{Class: j.Request.Class, Priority: j.Request.Priority}
+		ids[i], allocs[i], classes[i] = ports.AttemptKey(j.Request.ID, j.Attempt), ports.AllocToken(j.alloc), ports.Class{Class: j.Request.Class, Priority: j.Request.Priority, MaxSpotPrice: j.Request.MaxSpotPrice}
 	}
 	outcomes, err := s.rec.Claim(ctx, ids, round.OutcomeScheduled, allocs, classes)
 	if err != nil {
@@ -349,7 +349,8 @@ func (s *Scheduler) handleNoFit(ctx context.Context, b ports.Batch, plan *round.
 				}
 			}
 		}
-		pending = append(pending, ports.PendingEntry{Event: j.Event, Reason: p.Reason, PreemptUntil: p.PreemptUntil, Attempt: j.Attempt})
+		pending = append(pending, ports.PendingEntry{Event: j.Event, Reason: p.Reason, PreemptUntil: p.PreemptUntil, Attempt: j.Attempt,
+			PreferredModels: j.Request.PreferredModels})
 		if err := s.queuePending(ctx, b, p, now); err != nil {
 			j.err = err
 			continue

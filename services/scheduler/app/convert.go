@@ -97,7 +97,7 @@ func nodeOf(st *capacity.NodeState, classes map[string]ports.Class) placement.No
 			rec = ports.Class{Class: rent.ClassOnDemand}
 		}
 		pa := placement.Allocation{RentalID: a.RentalID, Tenant: a.Tenant, Class: rec.Class, Priority: rec.Priority,
-			CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB, Since: a.CreatedAt}
+			CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB, Since: a.CreatedAt, MaxSpotPrice: rec.MaxSpotPrice}
 		for _, g := range a.GPUs {
 			pa.GPUs = append(pa.GPUs, placement.Share{Index: g.Index, Milli: g.Milli, VRAMMiB: g.VRAMMiB, MIGProfile: g.MIGProfile,
 				MIGInstance: g.MIGInstance})

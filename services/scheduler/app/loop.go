@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/placement"
+	"github.com/shizu-gpu/shizu/services/scheduler/ports"
 	"github.com/shizu-gpu/shizu/services/scheduler/round"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/fault"
@@ -44,12 +45,14 @@ func (s *Scheduler) Run(ctx context.Context) {
 				s.d.Log.WarnContext(ctx, "refresh node", "node", id, "err", err)
 			}
 		case <-tick.C:
+			s.refreshSpotPrices(ctx)
 			s.onWholeRecords(func() {
 				s.retryPending(ctx, false)
 				s.stopVictimsSoon(ctx)
 			})
 		case <-reconcile.C:
 			s.reconcileSoon(ctx)
+			s.onWholeRecords(func() { s.interruptPricedOutSoon(ctx) })
 		case <-s.kick:
 			s.onWholeRecords(func() { s.retryPending(ctx, true) })
 		}
@@ -80,6 +83,7 @@ func (s *Scheduler) refresh(ctx context.Context) error {
 	for i := range snap.Nodes {
 		nodes[i] = nodeOf(&snap.Nodes[i], classes)
 	}
+	round.SetSpotPrices(nodes, s.prices)
 	hideIn(nodes, hide)
 	s.view.Reset(nodes, snap.Version, s.d.Now())
 	s.metrics.fragmentation(s.view.Fragmentation())
@@ -110,6 +114,7 @@ func (s *Scheduler) refreshNode(ctx context.Context, id string) error {
 		return err
 	}
 	nodes := []placement.Node{nodeOf(&st, classes)}
+	round.SetSpotPrices(nodes, s.prices)
 	hideIn(nodes, hide)
 	s.view.SetNode(nodes[0])
 	return nil
@@ -159,8 +164,7 @@ func (s *Scheduler) retryPending(ctx context.Context, kicked bool) {
 	s.nextDeadline = now.Add(s.cfg.PendingTimeout)
 	var jobs []*job
 	for _, e := range entries {
-		j := &job{Job: round.NewJob(e.Event, requestOf(e.Event), max(e.Attempt, 1), s.plan), done: make(chan error, 1)}
-		j.FromPending, j.PreemptUntil, j.Reason = true, e.PreemptUntil, e.Reason
+		j := s.pendingJob(e)
 		if j.Deadline.Before(s.nextDeadline) {
 			s.nextDeadline = j.Deadline
 		}
@@ -172,6 +176,16 @@ func (s *Scheduler) retryPending(ctx context.Context, kicked bool) {
 	for start := 0; start < len(jobs); start += s.cfg.BatchSize {
 		s.round(ctx, jobs[start:min(len(jobs), start+s.cfg.BatchSize)])
 	}
+}
+
+// pendingJob is the job that retries a pending entry: its request as it
+// was first placed (a moved rental's preferred model included).
+func (s *Scheduler) pendingJob(e ports.PendingEntry) *job {
+	r := requestOf(e.Event)
+	r.PreferredModels = e.PreferredModels
+	j := &job{Job: round.NewJob(e.Event, r, max(e.Attempt, 1), s.plan), done: make(chan error, 1)}
+	j.FromPending, j.PreemptUntil, j.Reason = true, e.PreemptUntil, e.Reason
+	return j
 }
 
 // round runs round.Plan over a batch: order the requests (level one),

@@ -31,7 +31,10 @@ type Deps struct {
 	// publisher (both optional).
 	Records   ports.OutcomeRecords
 	Publisher ports.Publisher
-	Log       *slog.Logger
+	// Market holds the spot prices; unset, the Records when they are one
+	// (the Redis records are), else spot prices are not followed.
+	Market ports.SpotMarket
+	Log    *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Metrics may be nil.
@@ -50,6 +53,7 @@ type Scheduler struct {
 	reserve ports.Reserver
 	rec     ports.OutcomeRecords
 	pub     ports.Publisher
+	market  ports.SpotMarket
 	plan    round.Config
 	source  string
 	metrics *Metrics
@@ -69,6 +73,8 @@ type Scheduler struct {
 
 	// Owned by the loop goroutine (view.Post aside).
 	view *view.View
+	// prices are the spot prices last read into the view.
+	prices map[round.SpotKey]placement.Price
 	// lastRetry is the store version the pending set was last tried at;
 	// nextDeadline the earliest pending deadline (or preemption notice) then.
 	lastRetry    uint64
@@ -80,6 +86,7 @@ type Scheduler struct {
 	afterReserve func(rentals []string) error
 	reconciling  reconciler
 	stopping     victimStopper
+	sweeping     spotSweeper
 	// claimed is closed once the last round handed off has recorded its
 	// outcomes: rounds record in the order they placed (see finishRound).
 	claimed chan struct{}
@@ -116,6 +123,9 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 	if d.Records == nil {
 		d.Records = records.New(d.Redis, cfg.KeyPrefix, cfg.OutcomeTTL)
 	}
+	if m, ok := d.Records.(ports.SpotMarket); ok && d.Market == nil {
+		d.Market = m
+	}
 	if d.Publisher == nil {
 		d.Publisher = BusPublisher{Conn: d.Bus}
 	}
@@ -129,7 +139,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 		return nil, err
 	}
 	s := &Scheduler{
-		cfg: cfg, d: d, reserve: d.Store, rec: d.Records, pub: d.Publisher, catalogue: catalogue,
+		cfg: cfg, d: d, reserve: d.Store, rec: d.Records, pub: d.Publisher, market: d.Market, catalogue: catalogue,
 		plan: round.Config{Placer: pl, AgingStep: cfg.AgingStep, PendingTimeout: cfg.PendingTimeout,
 			PreemptionNotice: cfg.PreemptionNotice, Commitments: commitments},
 		in:         make(chan []*job, cfg.Concurrency/cfg.BatchSize+1),
@@ -155,6 +165,7 @@ func (s *Scheduler) Router() *bus.Router {
 	r.Handle(bus.EventName(&shizuv1.RentalStopped{}), s.onStoppedRaw) // bus.On, but a clock-stepped stop is a stop
 	bus.On(r, s.onMigrating)
 	bus.On(r, s.onHealth)
+	bus.On(r, s.onSpotPrice)
 	return r
 }
 

@@ -52,8 +52,13 @@ func Run(ctx context.Context, env *benchkit.Env, n int) (benchkit.Result, error)
 // starts one replica with opts and measures placements/s from its start to
 // the last RentalScheduled, and the CPU that cost; then request ->
 // scheduled latency at half that rate, then the ceilings. The env must be
-// fresh: the fleet holds about 11,000 such requests.
+// fresh, and n at most MaxRequests: the fleet is full after that, and the
+// requests that do not fit would wait forever.
 func RunWith(ctx context.Context, env *benchkit.Env, n int, opts Options) (benchkit.Result, error) {
+	if n < 1 || n > MaxRequests {
+		return benchkit.Result{}, fmt.Errorf("%d requests: the benchmark's fleet (%d nodes x 8 GPUs) holds %d requests with their paced ones; ask for 1 to %d",
+			n, fleetNodes, fleetRequests, MaxRequests)
+	}
 	start := time.Now()
 	cfg := app.DefaultConfig()
 	cfg.Policy, cfg.MaxCandidates = opts.Policy, opts.MaxCandidates
@@ -122,12 +127,21 @@ func RunWith(ctx context.Context, env *benchkit.Env, n int, opts Options) (bench
 	return r, nil
 }
 
+// The fleet and what it holds: every fifth request takes a whole GPU,
+// the others a quarter, so five requests fill two GPUs.
+const (
+	fleetNodes    = 1000
+	fleetRequests = fleetNodes * 8 * 5 / 2
+	// MaxRequests is the largest burst whose paced requests still fit.
+	MaxRequests = fleetRequests - 2000
+)
+
 func registerFleet(ctx context.Context, env *benchkit.Env, prefix string) error {
 	store, err := capacity.New(env.Redis, capacity.WithPrefix(prefix))
 	if err != nil {
 		return err
 	}
-	for i := range 1000 {
+	for i := range fleetNodes {
 		if _, err := store.Register(ctx, benchkit.CapacityNode(fmt.Sprintf("node-%04d", i))); err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package benchmark_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/shizu-gpu/shizu/services/scheduler/benchmark"
@@ -16,8 +17,8 @@ import (
 // p50/p99 request -> scheduled, and the CPU the burst cost per request
 // (this process, which holds the scheduler and nats-server, plus
 // redis-server) with the cores 10,000 requests/s would take at that cost.
-// Keep -benchtime at 10,000x or below: the fleet holds about 11,000 such
-// requests.
+// Keep -benchtime at benchmark.MaxRequests (18,000x) or below: the fleet
+// is full after that.
 //
 //	go test -run '^$' -bench EndToEnd -benchtime=10000x ./services/scheduler/benchmark/
 func BenchmarkEndToEnd(b *testing.B) {
@@ -66,5 +67,15 @@ func TestRunPlacesEveryRequestAndMeasuresItsCeilings(t *testing.T) {
 	}
 	if r.CPU.Items != 20 || r.CPU.ProcessSeconds <= 0 || r.CPU.WallSeconds <= 0 {
 		t.Errorf("cpu %+v", r.CPU)
+	}
+}
+
+// A burst larger than the fleet holds is refused with the limit, before
+// anything starts (it used to wait forever for requests that cannot fit).
+func TestABurstLargerThanTheFleetIsRefused(t *testing.T) {
+	t.Parallel()
+	_, err := benchmark.Run(t.Context(), nil, benchmark.MaxRequests+1)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("ask for 1 to %d", benchmark.MaxRequests)) {
+		t.Fatalf("Run(MaxRequests+1) = %v, want the limit named", err)
 	}
 }

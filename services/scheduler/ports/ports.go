@@ -34,26 +34,64 @@ type Reserver interface {
 }
 
 // Class is what the scheduler remembers of a placed rental (for
-// preemption).
+// preemption): its class and priority, and for a capped spot rental its
+// maximum price (a price rise above it interrupts the rental).
 type Class struct {
 	Class    placement.Class
 	Priority int
+	// MaxSpotPrice is the zero Price for a rental without a cap.
+	MaxSpotPrice placement.Price
 }
 
-func (c Class) String() string { return fmt.Sprintf("%d:%d", c.Class, c.Priority) }
+// String is "<class>:<priority>", with ":<max micros>:<currency>" for a
+// capped spot rental.
+func (c Class) String() string {
+	if c.MaxSpotPrice.Known() {
+		return fmt.Sprintf("%d:%d:%d:%s", c.Class, c.Priority, c.MaxSpotPrice.Micros, c.MaxSpotPrice.Currency)
+	}
+	return fmt.Sprintf("%d:%d", c.Class, c.Priority)
+}
 
-// ParseClass reads a Class written by String.
+// ParseClass reads a Class written by String (records written before
+// spot caps were kept have no price: the rental counts as uncapped).
 func ParseClass(s string) (Class, bool) {
-	a, b, ok := strings.Cut(s, ":")
-	if !ok {
+	parts := strings.Split(s, ":")
+	if len(parts) != 2 && len(parts) != 4 {
 		return Class{}, false
 	}
-	c, err1 := strconv.Atoi(a)
-	p, err2 := strconv.Atoi(b)
+	c, err1 := strconv.Atoi(parts[0])
+	p, err2 := strconv.Atoi(parts[1])
 	if err1 != nil || err2 != nil {
 		return Class{}, false
 	}
-	return Class{placement.Class(c), p}, true
+	out := Class{Class: placement.Class(c), Priority: p}
+	if len(parts) == 4 {
+		m, err := strconv.ParseInt(parts[2], 10, 64)
+		if err != nil || parts[3] == "" {
+			return Class{}, false
+		}
+		out.MaxSpotPrice = placement.Price{Micros: m, Currency: parts[3]}
+	}
+	return out, true
+}
+
+// SpotPrice is the spot price of one GPU model in one zone, in force from
+// EffectiveAt (SpotPriceChanged).
+type SpotPrice struct {
+	Zone, Model string
+	Price       placement.Price
+	EffectiveAt time.Time
+}
+
+// SpotMarket keeps the spot price in force per zone and model, shared by
+// every replica: whichever replica a price change is delivered to records
+// it, the others read it.
+type SpotMarket interface {
+	// SetSpotPrice records p unless a price with a later EffectiveAt is
+	// recorded for its zone and model; it returns the price in force after.
+	SetSpotPrice(ctx context.Context, p SpotPrice) (SpotPrice, error)
+	// SpotPrices reads every recorded price.
+	SpotPrices(ctx context.Context) ([]SpotPrice, error)
 }
 
 // PendingEntry is a request waiting for capacity.
@@ -65,6 +103,10 @@ type PendingEntry struct {
 	PreemptUntil time.Time
 	// Attempt is the placement number (0 or 1 for a new request).
 	Attempt int32
+	// PreferredModels are the GPU models the placement prefers (a moved
+	// rental's original model; see placement.Request.PreferredModels):
+	// not part of the request event, so kept beside it.
+	PreferredModels []string
 }
 
 // Preemption is the durable decision to evict one spot rental (Victim) for

@@ -197,6 +197,7 @@ type pendingJSON struct {
 	Reason       int32     `json:"reason"`
 	PreemptUntil time.Time `json:"preempt_until,omitzero"`
 	Attempt      int32     `json:"attempt,omitempty"`
+	Preferred    []string  `json:"preferred_models,omitempty"`
 }
 
 // PutPending implements ports.OutcomeRecords.
@@ -210,7 +211,8 @@ func (r *Redis) PutPending(ctx context.Context, entries []ports.PendingEntry) er
 		if err != nil {
 			return fault.Invalid("encode pending %s: %w", e.Event.GetRentalId(), err)
 		}
-		raw, err := json.Marshal(pendingJSON{Request: req, Reason: int32(e.Reason), PreemptUntil: e.PreemptUntil, Attempt: e.Attempt})
+		raw, err := json.Marshal(pendingJSON{Request: req, Reason: int32(e.Reason), PreemptUntil: e.PreemptUntil, Attempt: e.Attempt,
+			Preferred: e.PreferredModels})
 		if err != nil {
 			return fmt.Errorf("encode pending %s: %w", e.Event.GetRentalId(), err)
 		}
@@ -248,7 +250,8 @@ func (r *Redis) Pending(ctx context.Context) ([]ports.PendingEntry, []string, er
 			bad = append(bad, id)
 			continue
 		}
-		out = append(out, ports.PendingEntry{Event: ev, Reason: shizuv1.PendingReason(e.Reason), PreemptUntil: e.PreemptUntil, Attempt: e.Attempt})
+		out = append(out, ports.PendingEntry{Event: ev, Reason: shizuv1.PendingReason(e.Reason), PreemptUntil: e.PreemptUntil, Attempt: e.Attempt,
+			PreferredModels: e.Preferred})
 	}
 	return out, bad, nil
 }

@@ -204,7 +204,8 @@ func pendingContract(t *testing.T, rec ports.OutcomeRecords) {
 	until := time.Unix(1_700_000_000, 0).UTC()
 	entries := []ports.PendingEntry{
 		{Event: request("r1"), Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY, Attempt: 1},
-		{Event: request("r2"), Reason: shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION, PreemptUntil: until, Attempt: 3},
+		{Event: request("r2"), Reason: shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION, PreemptUntil: until, Attempt: 3,
+			PreferredModels: []string{"A100-SXM4-80GB"}},
 		{Event: request("r3"), Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY},
 	}
 	if err := rec.PutPending(t.Context(), entries); err != nil {
@@ -212,7 +213,7 @@ func pendingContract(t *testing.T, rec ports.OutcomeRecords) {
 	}
 	got := pendingByRental(t, rec)
 	if len(got) != 3 || !proto.Equal(got["r2"].Event, entries[1].Event) || got["r2"].Reason != entries[1].Reason ||
-		!got["r2"].PreemptUntil.Equal(until) || got["r2"].Attempt != 3 {
+		!got["r2"].PreemptUntil.Equal(until) || got["r2"].Attempt != 3 || !slices.Equal(got["r2"].PreferredModels, entries[1].PreferredModels) {
 		t.Fatalf("Pending = %+v", got)
 	}
 	if _, err := rec.Claim(t.Context(), []string{"r1"}, round.OutcomeRejected, nil, nil); err != nil {

@@ -354,6 +354,7 @@ func (r *Records) PutPending(_ context.Context, entries []ports.PendingEntry) er
 	}
 	for _, e := range entries {
 		e.Event = proto.Clone(e.Event).(*shizuv1.RentalRequested)
+		e.PreferredModels = slices.Clone(e.PreferredModels)
 		r.pending[e.Event.GetRentalId()] = e
 	}
 	return nil
