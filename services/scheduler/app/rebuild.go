@@ -14,6 +14,7 @@ import (
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/scheduler/history"
+	"github.com/shizu-gpu/shizu/services/scheduler/placement"
 	"github.com/shizu-gpu/shizu/services/scheduler/ports"
 	"github.com/shizu-gpu/shizu/services/scheduler/round"
 	"github.com/shizu-gpu/shizu/shared/bus"
@@ -23,9 +24,9 @@ import (
 )
 
 // The scheduler's records (outcome claims, classes, the pending set,
-// preemptions) live in Redis and are lost with it. They are rebuilt from
-// the RENTALS stream, which holds every fact they were derived from
-// (history.Fold), whenever their marker (records.Redis.Rebuilt) is
+// preemptions, spot prices) live in Redis and are lost with it. They are
+// rebuilt from the RENTALS stream, which holds every fact they were derived
+// from (history.Fold), and the MARKET stream (spot prices), whenever their marker (records.Redis.Rebuilt) is
 // missing: before the first batch, before every batch, and every
 // RecordsCheck. While one rebuild runs no batch is handled and the loop
 // starts no round of its own, so nothing is decided on records that are
@@ -151,8 +152,16 @@ func (s *Scheduler) checkRecordsLoop(ctx context.Context) {
 // undecided, and the marker last.
 func (s *Scheduler) rebuildRecords(ctx context.Context) (history.Records, uint64, error) {
 	f := history.New(s.source)
-	upTo, err := s.replayRentals(ctx, f.Add)
+	upTo, err := s.replay(ctx, topology.StreamRentals, func(m *jetstream.RawStreamMsg) error {
+		if ev := rentalEvent(m); ev != nil {
+			f.Add(ev)
+		}
+		return nil
+	})
 	if err != nil {
+		return history.Records{}, 0, err
+	}
+	if err := s.restoreSpotPrices(ctx); err != nil {
 		return history.Records{}, 0, err
 	}
 	got := f.Records()
@@ -168,12 +177,12 @@ func (s *Scheduler) rebuildRecords(ctx context.Context) (history.Records, uint64
 	return got, upTo, s.rebuild.marker.MarkRebuilt(ctx, upTo)
 }
 
-// replayRentals hands every decodable rental event of the RENTALS stream,
-// in stream order, to add, and returns the last sequence it read. It
-// reads by sequence (the scheduler's NATS user may get any message of the
-// stream, not create consumers on it), many at once.
-func (s *Scheduler) replayRentals(ctx context.Context, add func(proto.Message)) (uint64, error) {
-	st, err := s.d.Bus.JetStream().Stream(ctx, topology.StreamRentals)
+// replay hands every message of stream, in stream order, to use, and
+// returns the last sequence it read. It reads by sequence (the
+// scheduler's NATS user may get any message of the streams it consumes,
+// not create consumers on them), many at once.
+func (s *Scheduler) replay(ctx context.Context, stream string, use func(*jetstream.RawStreamMsg) error) (uint64, error) {
+	st, err := s.d.Bus.JetStream().Stream(ctx, stream)
 	if err != nil {
 		return 0, err
 	}
@@ -187,12 +196,31 @@ func (s *Scheduler) replayRentals(ctx context.Context, add func(proto.Message)) 
 			return 0, err
 		}
 		for _, m := range msgs {
-			if ev := rentalEvent(m); ev != nil {
-				add(ev)
+			if err := use(m); err != nil {
+				return 0, err
 			}
 		}
 	}
 	return state.LastSeq, nil
+}
+
+// restoreSpotPrices records again every spot price of the MARKET stream
+// (the store keeps, per zone and model, the one in force from latest).
+func (s *Scheduler) restoreSpotPrices(ctx context.Context) error {
+	if s.market == nil {
+		return nil
+	}
+	_, err := s.replay(ctx, topology.StreamMarket, func(m *jetstream.RawStreamMsg) error {
+		ev := &shizuv1.SpotPriceChanged{}
+		if event, _ := bus.EventOn(m.Subject); event != bus.EventName(ev) || proto.Unmarshal(m.Data, ev) != nil || ev.GetEffectiveAt() == nil {
+			return nil
+		}
+		p := ev.GetPricePerGpuHour()
+		_, err := s.market.SetSpotPrice(ctx, ports.SpotPrice{Zone: ev.GetZone(), Model: ev.GetModel(),
+			Price: placement.Price{Micros: p.GetMicros(), Currency: p.GetCurrency()}, EffectiveAt: ev.GetEffectiveAt().AsTime()})
+		return err
+	})
+	return err
 }
 
 // readWindow gets the messages from..to of st, concurrently; deleted

@@ -3,6 +3,7 @@ package app_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,6 +82,11 @@ func TestPendingRequestsArePlacedAfterRedisWasLost(t *testing.T) {
 		return nil
 	})
 
+	st, err := e.store.Node(t.Context(), first.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.setSpotPrice(st, 1_500_000, now)
 	lostAt := time.Now()
 	e.Redis.Restart(t)
 	e.restoreAsItsAgent(t, first, ids[:placed]...)
@@ -101,6 +107,9 @@ func TestPendingRequestsArePlacedAfterRedisWasLost(t *testing.T) {
 		if c, err := rdb.HGet(t.Context(), "shizu:sched:class", id).Result(); err != nil || c == "" {
 			t.Fatalf("class of running %s after the rebuild: %q, %v", id, c, err)
 		}
+	}
+	if p, err := rdb.HGet(t.Context(), "shizu:sched:spot", "zone-a|H100-SXM5-80GB").Result(); err != nil || !strings.Contains(p, "1500000") {
+		t.Fatalf("spot price after the rebuild: %q, %v; want the MARKET stream's 1.50", p, err)
 	}
 	t.Logf("records rebuilt %s after the loss", time.Since(lostAt).Round(time.Millisecond))
 	for i := range 40 {
