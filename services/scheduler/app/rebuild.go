@@ -333,7 +333,7 @@ func classOf(req *shizuv1.RentalRequested) ports.Class {
 		return ports.Class{Class: rent.ClassOnDemand}
 	}
 	r := requestOf(req)
-	return ports.Class{Class: r.Class, Priority: r.Priority}
+	return ports.Class{Class: r.Class, Priority: r.Priority, MaxSpotPrice: r.MaxSpotPrice}
 }
 
 // restorePreemptions records again the preemptions whose victims still run.
