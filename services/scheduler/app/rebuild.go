@@ -55,8 +55,8 @@ type rebuild struct {
 // rebuildWindow is how many stream messages are read at once, by
 // rebuildReaders concurrent requests.
 const (
-	rebuildWindow  = 512
-	rebuildReaders = 32
+	rebuildWindow  = 1024
+	rebuildReaders = 64
 	claimChunk     = 500
 )
 
@@ -152,7 +152,7 @@ func (s *Scheduler) checkRecordsLoop(ctx context.Context) {
 // undecided, and the marker last.
 func (s *Scheduler) rebuildRecords(ctx context.Context) (history.Records, uint64, error) {
 	f := history.New(s.source)
-	upTo, err := s.replay(ctx, topology.StreamRentals, func(m *jetstream.RawStreamMsg) error {
+	upTo, err := s.replayHandled(ctx, topology.StreamRentals, func(m *jetstream.RawStreamMsg) error {
 		if ev := rentalEvent(m); ev != nil {
 			f.Add(ev)
 		}
@@ -175,6 +175,30 @@ func (s *Scheduler) rebuildRecords(ctx context.Context) (history.Records, uint64
 		return got, upTo, err
 	}
 	return got, upTo, s.rebuild.marker.MarkRebuilt(ctx, upTo)
+}
+
+// replayHandled is replay, unless the scheduler's durable on stream never
+// delivered a message (a first start, its backlog still queued): then
+// nothing was decided that a record could hold, and the records are whole
+// as they are.
+func (s *Scheduler) replayHandled(ctx context.Context, stream string, use func(*jetstream.RawStreamMsg) error) (uint64, error) {
+	svc, _ := topology.ServiceNamed(topology.Scheduler)
+	for _, c := range svc.Consumers {
+		if c.Stream != stream {
+			continue
+		}
+		cons, err := s.d.Bus.JetStream().Consumer(ctx, stream, c.Durable)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		if cons.CachedInfo().Delivered.Stream == 0 {
+			return 0, nil
+		}
+	}
+	return s.replay(ctx, stream, use)
 }
 
 // replay hands every message of stream, in stream order, to use, and
@@ -210,7 +234,7 @@ func (s *Scheduler) restoreSpotPrices(ctx context.Context) error {
 	if s.market == nil {
 		return nil
 	}
-	_, err := s.replay(ctx, topology.StreamMarket, func(m *jetstream.RawStreamMsg) error {
+	_, err := s.replayHandled(ctx, topology.StreamMarket, func(m *jetstream.RawStreamMsg) error {
 		ev := &shizuv1.SpotPriceChanged{}
 		if event, _ := bus.EventOn(m.Subject); event != bus.EventName(ev) || proto.Unmarshal(m.Data, ev) != nil || ev.GetEffectiveAt() == nil {
 			return nil

@@ -136,11 +136,12 @@ type Decided struct {
 	Request *shizuv1.RentalRequested
 }
 
-// Pending is a request with no outcome: the rental's latest attempt.
+// Pending is a request with no outcome that the scheduler reported
+// pending (RentalPending), so acknowledged: the rental's latest attempt.
 type Pending struct {
 	Event   *shizuv1.RentalRequested
 	Attempt int32
-	Reason  shizuv1.PendingReason // NO_CAPACITY when no RentalPending said
+	Reason  shizuv1.PendingReason // as its RentalPending said
 }
 
 // Preemption is a running spot rental preempted for another (its
@@ -184,12 +185,11 @@ func (f *Fold) Records() Records {
 			}
 			out.Decided = append(out.Decided, d)
 		}
-		if _, decided := r.outcomes[r.latest]; !decided && r.requests[r.latest] != nil {
-			reason := r.reason
-			if reason == shizuv1.PendingReason_PENDING_REASON_UNSPECIFIED {
-				reason = shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY
-			}
-			out.Pending = append(out.Pending, Pending{Event: r.requests[r.latest], Attempt: r.latest, Reason: reason})
+		// Only a request reported pending was acknowledged: one that was
+		// not is still the consumer's, and is delivered (again).
+		reported := r.reason != shizuv1.PendingReason_PENDING_REASON_UNSPECIFIED
+		if _, decided := r.outcomes[r.latest]; !decided && reported && r.requests[r.latest] != nil {
+			out.Pending = append(out.Pending, Pending{Event: r.requests[r.latest], Attempt: r.latest, Reason: r.reason})
 		}
 	}
 	return out

@@ -87,8 +87,8 @@ func TestTheFoldTellsDecidedAttemptsFromWaitingRequests(t *testing.T) {
 	}{
 		{"a request with no outcome waits, as its RentalPending said",
 			[]proto.Message{requested("a"), pending("a", preempt)}, nil, []string{"a/1:" + preempt.String()}},
-		{"a request never reported pending waits for capacity",
-			[]proto.Message{requested("a")}, nil, []string{"a/1:" + noCap.String()}},
+		{"a request never reported pending is still its consumer's, not the pending set's",
+			[]proto.Message{requested("a")}, nil, nil},
 		{"a placed rental that runs is decided and running",
 			[]proto.Message{requested("a"), pending("a", noCap), scheduled("a", 1)}, []string{"a/1=scheduled+running"}, nil},
 		{"a placed rental that stopped is decided, not running",
@@ -104,8 +104,11 @@ func TestTheFoldTellsDecidedAttemptsFromWaitingRequests(t *testing.T) {
 		{"a cancel of a placed rental leaves it placed (its stop follows)",
 			[]proto.Message{requested("a"), scheduled("a", 1), cancel("a")}, []string{"a/1=scheduled+running"}, nil},
 		{"a moved rental waits as its next attempt, the old run stopped",
-			[]proto.Message{requested("a"), scheduled("a", 1), stopped("a", 1), migrating("a", 2)},
+			[]proto.Message{requested("a"), scheduled("a", 1), stopped("a", 1), migrating("a", 2), pending("a", noCap)},
 			[]string{"a/1=scheduled"}, []string{"a/2:" + noCap.String()}},
+		{"a pending report of an earlier attempt does not make the next one pending",
+			[]proto.Message{requested("a"), pending("a", preempt), scheduled("a", 1), stopped("a", 1), migrating("a", 2)},
+			[]string{"a/1=scheduled"}, nil},
 		{"a moved rental placed again runs as its latest attempt only",
 			[]proto.Message{requested("a"), scheduled("a", 1), migrating("a", 2), scheduled("a", 2), stopped("a", 1)},
 			[]string{"a/1=scheduled", "a/2=scheduled+running"}, nil},
@@ -136,7 +139,7 @@ func TestAWaitingRequestKeepsItsOriginalEvent(t *testing.T) {
 	if len(got.Pending) != 1 || got.Pending[0].Event != req {
 		t.Fatalf("pending %+v; want a's own RentalRequested (its time keeps its deadline)", got.Pending)
 	}
-	moved := fold(requested("c"), scheduled("c", 1), stopped("c", 1), migrating("c", 2))
+	moved := fold(requested("c"), scheduled("c", 1), stopped("c", 1), migrating("c", 2), pending("c", shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY))
 	ev := moved.Pending[0].Event
 	if ev.GetMeta().GetEventId() != "rental:c:requeued:2" || !ev.GetMeta().GetOccurredAt().AsTime().Equal(t0) ||
 		!proto.Equal(ev.GetSpec(), requested("c").GetSpec()) {
