@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -39,6 +41,9 @@ type RestoreInput struct {
 	// rental that two nodes restore (a rental moved while the store was
 	// lost).
 	Placements []Placement
+	// Health is the GPUs the agent knows are not healthy (by index), so
+	// that the restored node takes no new work on them (SetGPUHealth).
+	Health map[int]GPUHealth
 }
 
 // RestoreResult is what Restore did.
@@ -87,6 +92,14 @@ func (in RestoreInput) Validate() error {
 	checkEpoch(&p, "Epoch", in.Epoch)
 	if err := in.Node.Validate(); err != nil {
 		p.addf("Node", "%v", err)
+	}
+	for i, h := range in.Health {
+		if i < 0 || i >= len(in.Node.GPUs) {
+			p.addf("Health", "GPU %d: the node has %d GPUs", i, len(in.Node.GPUs))
+		}
+		if h != HealthHealthy && h != HealthDegraded && h != HealthFailed {
+			p.addf("Health", "GPU %d: %q is not a health", i, h)
+		}
 	}
 	seen := map[string]bool{}
 	for i, pl := range in.Placements {
@@ -144,6 +157,7 @@ func (s *Store) Restore(ctx context.Context, in RestoreInput) (RestoreResult, er
 		}
 		args = append(args, pl.RentalID, raw, pl.Attempt, "")
 	}
+	args = append(args, healthArgs(in.Health)...)
 	for range maxReleaseHops {
 		keys, err := s.restoreKeys(ctx, op, in, args)
 		if err != nil {
@@ -179,7 +193,7 @@ func (s *Store) restoreKeys(ctx context.Context, op string, in RestoreInput, arg
 	if err != nil {
 		return nil, unavailable(op, err)
 	}
-	first := len(args) - 4*len(in.Placements)
+	first := len(args) - 4*len(in.Placements) - len(healthArgs(in.Health))
 	for i, v := range vals {
 		holder := in.Node.ID
 		if raw, ok := v.(string); ok {
@@ -196,6 +210,19 @@ func (s *Store) restoreKeys(ctx context.Context, op string, in RestoreInput, arg
 		keys = append(keys, s.keys.node(holder), s.keys.allocs(holder))
 	}
 	return keys, nil
+}
+
+// healthArgs are the restore script's health arguments: the count of
+// GPUs marked, then (index, health) of each, in index order.
+func healthArgs(h map[int]GPUHealth) []any {
+	out := []any{0}
+	for _, i := range slices.Sorted(maps.Keys(h)) {
+		if h[i] != HealthHealthy {
+			out = append(out, i, string(h[i]))
+		}
+	}
+	out[0] = (len(out) - 1) / 2
+	return out
 }
 
 // restoreOutcome maps the restore script's reply to Restore's result.
@@ -228,7 +255,8 @@ func restoreOutcome(op string, res []any) (RestoreResult, error) {
 // ARGV: register's layout (registerScript, without its generation), then
 // epoch, status, a new generation id, the placement count k, and k groups
 // of (rental id, allocation JSON, attempt, the holder the caller found or
-// an empty string for none or this node).
+// an empty string for none or this node), then the count h of GPUs marked
+// not healthy and h pairs (GPU index, health).
 // Reply: {'ok', epoch, status, generation, {lost: rental, node, attempt,
 // ...}}, {'registered', epoch, status, generation} (the store holds the
 // node at another epoch or dead: nothing written), {'moved', rental} (the
@@ -271,6 +299,10 @@ end
 for _, j in ipairs(take) do raws[#raws + 1] = ARGV[o + 4 * j + 1] end
 local f, misfit = fit(raws, status, epoch)
 if not f then return misfit end
+local hb = o + 4 * k + 4
+for q = 1, tonumber(ARGV[hb]) do
+  f[#f + 1] = 'g' .. ARGV[hb + 2 * q - 1] .. '.health'; f[#f + 1] = ARGV[hb + 2 * q]
+end
 -- A lower attempt held elsewhere gives its capacity back on its node.
 for _, j in ipairs(overtake) do
   local nk, ak, id = KEYS[5 + 2 * j], KEYS[6 + 2 * j], ARGV[o + 4 * j]

@@ -14,6 +14,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/node-agent/agent"
 	"github.com/shizu-gpu/shizu/services/node-agent/runtime"
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/rent"
 	"github.com/shizu-gpu/shizu/shared/subject"
 )
 
@@ -92,8 +93,8 @@ func (a *nodeAgent) join(ctx context.Context) error {
 }
 
 // restore writes the node back into a store that lost it, with the
-// allocations of running (and of extra: placements not started yet), at
-// the highest epoch the agent knows; a workload the restore cannot keep
+// allocations of running (and of extra: placements not started yet) and
+// the GPUs it knows are not healthy, at the highest epoch the agent knows; a workload the restore cannot keep
 // (placed under an older epoch, or its rental held by a later attempt on
 // another node) is stopped. When the store holds the node at another
 // epoch already, the node registers as usual and renew decides.
@@ -103,8 +104,14 @@ func (a *nodeAgent) restore(ctx context.Context, epoch int64, running, extra []a
 	a.mu.Lock()
 	desc := proto.Clone(a.desc).(*shizuv1.NodeRegistered)
 	draining := a.drain.Active
+	health := map[int]capacity.GPUHealth{}
+	for i := range a.inv.Devices {
+		if h, ok := rent.HealthOf(a.health.Health(i)); ok && h != rent.Healthy {
+			health[i] = h
+		}
+	}
 	a.mu.Unlock()
-	in := capacity.RestoreInput{Node: capacityNode(desc), Epoch: uint64(epoch), Draining: draining}
+	in := capacity.RestoreInput{Node: capacityNode(desc), Epoch: uint64(epoch), Draining: draining, Health: health}
 	var restored []agent.Rental
 	for _, r := range append(keep, extra...) {
 		p := a.placementOf(r, uint64(epoch))

@@ -168,3 +168,49 @@ func TestAStartPlacedBeforeTheLossOfRedisRunsAfterIt(t *testing.T) {
 	startedOf(t, e, rental)
 	restoredWith(t, e, node, rental, 250)
 }
+
+// A GPU the agent knows failed comes back failed in the restored store:
+// no scheduler places onto it (the store refuses it) until the agent
+// reports it healthy.
+func TestAFailedGPUStaysFailedAfterTheLossOfRedis(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const node = "n-lost-failed"
+	f := simulated(t, "h100x8", node)
+	cfg := e.config(t, node, "", t.TempDir())
+	cfg.Simulated = f
+	e.start(t, cfg)
+	e.registered(t, node, 1)
+	testkit.Eventually(t, 20*time.Second, func() error {
+		if ev, ok := last[*shizuv1.NodeHealthChanged](t, e, topology.StreamNodes, "node."+node+".health"); ok && ev.GetGpuIndex() == -1 {
+			return nil
+		}
+		if err := f.InjectECC(2, 0, 1); err != nil { // inject until the agent's watcher reports it
+			t.Fatal(err)
+		}
+		return fmt.Errorf("GPU 2 not reported failed yet")
+	})
+	before, _ := e.store.Generation(t.Context())
+
+	e.Redis.Restart(t)
+
+	testkit.Eventually(t, 20*time.Second, func() error {
+		g, err := e.store.Generation(t.Context())
+		if err != nil || g == "" || g == before {
+			return fmt.Errorf("generation %q, was %q: not restored yet: %w", g, before, err)
+		}
+		st, err := e.store.Node(t.Context(), node)
+		if err != nil {
+			return err
+		}
+		if st.FreeGPUs[2].Health != capacity.HealthFailed || !st.FreeGPUs[0].Healthy() {
+			return fmt.Errorf("restored GPU health: 0 %q, 2 %q; want GPU 2 failed, GPU 0 healthy", st.FreeGPUs[0].Health, st.FreeGPUs[2].Health)
+		}
+		return nil
+	})
+	_, err := e.store.Reserve(t.Context(), capacity.Placement{RentalID: "r-on-failed", NodeID: node, Epoch: 1, Tenant: "acme",
+		GPUs: []capacity.GPUShare{{Index: 2, Milli: 1000}}})
+	if !capacity.IsConflict(err) {
+		t.Fatalf("reserve on the failed GPU after the restore: %v; want a conflict", err)
+	}
+}

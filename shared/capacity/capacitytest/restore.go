@@ -90,13 +90,22 @@ func restore(t *testing.T, s capacity.Interface) {
 	if _, err := s.Allocation(ctx, "r4"); !capacity.IsNotFound(err) {
 		t.Fatalf("restore of a fenced node wrote r4: %v", err)
 	}
-	// A draining node comes back draining.
-	d := capacity.RestoreInput{Node: node("n2", 1), Epoch: 1, Draining: true}
+	// A draining node comes back draining; a GPU its agent knows failed
+	// comes back failed, and takes no new work.
+	d := capacity.RestoreInput{Node: node("n2", 2), Epoch: 1, Draining: true,
+		Health: map[int]capacity.GPUHealth{0: capacity.HealthFailed, 1: capacity.HealthHealthy}}
 	if _, err := s.Restore(ctx, d); err != nil {
 		t.Fatal(err)
 	}
-	if st := state(t, s, "n2"); st.Status != capacity.StatusDraining {
-		t.Fatalf("restored draining node is %s", st.Status)
+	st = state(t, s, "n2")
+	if st.Status != capacity.StatusDraining || st.FreeGPUs[0].Health != capacity.HealthFailed || !st.FreeGPUs[1].Healthy() {
+		t.Fatalf("restored node %s, GPU health %q and %q; want draining, GPU 0 failed, GPU 1 healthy", st.Status, st.FreeGPUs[0].Health, st.FreeGPUs[1].Health)
+	}
+	if err := s.SetStatus(ctx, "n2", capacity.StatusReady, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reserve(ctx, placement("r5", "n2", 1, 0)); !capacity.IsConflict(err) {
+		t.Fatalf("reserve on the restored failed GPU: %v; want a conflict", err)
 	}
 }
 

@@ -75,6 +75,12 @@ func (s *Store) Restore(_ context.Context, in capacity.RestoreInput) (capacity.R
 		a.GPUs = slices.Clone(p.GPUs)
 		allocs[p.RentalID] = a
 	}
+	health = maps.Clone(health)
+	for i, h := range in.Health {
+		if h != capacity.HealthHealthy {
+			health[i] = h
+		}
+	}
 	if why := misfit(spec, allocs); why != "" {
 		return capacity.RestoreResult{}, fail(op, capacity.ErrConflict, "live allocations do not fit the new facts (%s); release them first", why)
 	}
