@@ -157,12 +157,22 @@ func RunWith(ctx context.Context, cfg Config, deps Deps) error {
 			return nil, err
 		}
 		s := newScaler(rt.Bus, rt.Redis, cfg.KeyPrefix, caps, prov, file, deps.Now, rt.Log, m)
+		s.guard()
+		js := rt.Bus.JetStream()
+		if err := s.ensureState(ctx, js); err != nil {
+			return parts, fmt.Errorf("autoscaler state: %w", err)
+		}
+		// Looks for a later loss of the state (rebuild.go).
+		parts = append(parts, service.StartLoop(ctx, cfg.Tick, s.watchState(js)))
 		subs, err := consume(ctx, rt, s)
 		parts = append(parts, subs...)
 		if err != nil {
 			return parts, err
 		}
 		parts = append(parts, service.StartLoop(ctx, cfg.Tick, func(ctx context.Context, _ time.Time) {
+			if !s.ready.Load() {
+				return // the state is being rebuilt
+			}
 			now := s.now() // the injected clock, not the ticker's
 			s.tickPools(ctx, now)
 			if err := s.tickFleet(ctx, now); err != nil {
@@ -247,7 +257,16 @@ func newScaler(pub publisher, rdb *redis.Client, prefix string, caps *capacity.S
 	for _, p := range file.Pools {
 		s.pools[p.ID] = p
 	}
+	// Ready until a look at the marker says otherwise (RunWith looks
+	// before it consumes anything).
+	s.ready.Store(true)
 	return s
+}
+
+// guard makes the scaler's pool and fleet writes refuse while the state's
+// marker is missing (rebuild.go); RunWith guards its scaler.
+func (s *scaler) guard() {
+	s.states.marker, s.fleet.marker = s.markerKey(), s.markerKey()
 }
 
 // fleetProvider is the provider of more nodes: the injected one, else the

@@ -48,6 +48,9 @@ func (s *scaler) onTelemetry(_ context.Context, ev *shizuv1.NodeTelemetry, _ bus
 
 // onShortage provisions nodes for rentals the scheduler cannot place.
 func (s *scaler) onShortage(ctx context.Context, ev *shizuv1.CapacityShortage, _ bus.Delivery) error {
+	if !s.ready.Load() {
+		return errStateLost
+	}
 	if len(s.file.Fleet.InstanceTypes) == 0 || s.prov == nil {
 		s.log.WarnContext(ctx, "capacity shortage but no fleet provisioning configured", "rentals", len(ev.GetRentalIds()))
 		return nil

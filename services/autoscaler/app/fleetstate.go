@@ -31,6 +31,8 @@ import (
 type fleetStore struct {
 	rdb    *redis.Client
 	prefix string
+	// marker: as stateStore's; a claim is refused without it.
+	marker string
 }
 
 // provisionedNode is one node the autoscaler asked the provider for.
@@ -100,6 +102,9 @@ func (f fleetStore) covered(ctx context.Context, rentals []string) (map[string]b
 func (f fleetStore) claim(ctx context.Context, rentals []string, owner string, ttl time.Duration) ([]string, error) {
 	if len(rentals) == 0 {
 		return nil, nil
+	}
+	if err := intact(ctx, f.rdb, f.marker); err != nil {
+		return nil, err
 	}
 	keys := make([]string, len(rentals))
 	for i, r := range rentals {

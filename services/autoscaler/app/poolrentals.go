@@ -39,6 +39,9 @@ func (s *scaler) poolOfRental(ctx context.Context, rental, tenant string) (polic
 // onRentalRejected forgets a pool replica the scheduler will never run
 // (except the ones the autoscaler cancelled itself, already forgotten).
 func (s *scaler) onRentalRejected(ctx context.Context, ev *shizuv1.RentalRejected, _ bus.Delivery) error {
+	if !s.ready.Load() {
+		return errStateLost
+	}
 	if ev.GetReason() == shizuv1.RejectReason_REJECT_REASON_CANCELLED {
 		return nil
 	}
@@ -48,6 +51,9 @@ func (s *scaler) onRentalRejected(ctx context.Context, ev *shizuv1.RentalRejecte
 // onRentalStopped forgets a pool replica whose workload ended by itself;
 // a rental stopped to migrate or by a node failure comes back elsewhere.
 func (s *scaler) onRentalStopped(ctx context.Context, ev *shizuv1.RentalStopped, _ bus.Delivery) error {
+	if !s.ready.Load() {
+		return errStateLost
+	}
 	switch ev.GetExitReason() {
 	case shizuv1.ExitReason_EXIT_REASON_COMPLETED, shizuv1.ExitReason_EXIT_REASON_FAILED:
 		return s.forget(ctx, ev.GetRentalId(), ev.GetTenantId(), "stopped: "+ev.GetExitReason().String())

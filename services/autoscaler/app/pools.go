@@ -159,30 +159,13 @@ func (s *scaler) allPools(ctx context.Context) ([]policy.Pool, error) {
 // rules, names a pool of the policy file, or takes another tenant's pool
 // is dead-lettered with the reason and changes nothing.
 func (s *scaler) onPoolDeclared(ctx context.Context, ev *shizuv1.PoolDeclared, d bus.Delivery) error {
+	if !s.ready.Load() {
+		return errStateLost
+	}
 	id, tenant := ev.GetPoolId(), ev.GetTenantId()
-	if want, _ := subject.Format(subject.ScalePoolDeclared, id); d.Subject != "" && d.Subject != want {
-		return fault.Invalid("pool %s declared on %s; want %s", id, d.Subject, want)
-	}
-	if _, inFile := s.pools[id]; inFile {
-		return fault.Invalid("pool %s is declared in the policy file, which wins; change it there", id)
-	}
-	rec := declaredPool{Seq: d.StreamSeq, Tenant: tenant, Withdrawn: ev.GetWithdrawn()}
-	if !rec.Withdrawn {
-		p, err := policy.ParsePool(ev.GetPolicyJson())
-		if err != nil {
-			return fault.Invalid("pool %s policy:\n%w", id, err)
-		}
-		var problems []string
-		if p.ID != id {
-			problems = append(problems, fmt.Sprintf("id: %q differs from the declaration's pool_id %q", p.ID, id))
-		}
-		if p.Tenant != tenant {
-			problems = append(problems, fmt.Sprintf("tenant: %q differs from the declaration's tenant_id %q", p.Tenant, tenant))
-		}
-		if len(problems) > 0 {
-			return fault.Invalid("pool %s policy:\n%s", id, strings.Join(problems, "\n"))
-		}
-		rec.Policy = json.RawMessage(ev.GetPolicyJson())
+	rec, err := s.declaration(ev, d.Subject, d.StreamSeq)
+	if err != nil {
+		return err
 	}
 	stale, err := s.declared.put(ctx, id, rec)
 	if errors.Is(err, errPoolOwned) {
@@ -203,6 +186,39 @@ func (s *scaler) onPoolDeclared(ctx context.Context, ev *shizuv1.PoolDeclared, d
 		return nil
 	}
 	return s.withdraw(ctx, id, tenant, ev.GetMeta().GetEventId(), d.StreamSeq)
+}
+
+// declaration is the record a pool declaration stores, checked as
+// onPoolDeclared checks it (invalid input when it is not a pool this
+// autoscaler may scale); seq is its SCALING stream sequence.
+func (s *scaler) declaration(ev *shizuv1.PoolDeclared, subj string, seq uint64) (declaredPool, error) {
+	id, tenant := ev.GetPoolId(), ev.GetTenantId()
+	if want, _ := subject.Format(subject.ScalePoolDeclared, id); subj != "" && subj != want {
+		return declaredPool{}, fault.Invalid("pool %s declared on %s; want %s", id, subj, want)
+	}
+	if _, inFile := s.pools[id]; inFile {
+		return declaredPool{}, fault.Invalid("pool %s is declared in the policy file, which wins; change it there", id)
+	}
+	rec := declaredPool{Seq: seq, Tenant: tenant, Withdrawn: ev.GetWithdrawn()}
+	if rec.Withdrawn {
+		return rec, nil
+	}
+	p, err := policy.ParsePool(ev.GetPolicyJson())
+	if err != nil {
+		return declaredPool{}, fault.Invalid("pool %s policy:\n%w", id, err)
+	}
+	var problems []string
+	if p.ID != id {
+		problems = append(problems, fmt.Sprintf("id: %q differs from the declaration's pool_id %q", p.ID, id))
+	}
+	if p.Tenant != tenant {
+		problems = append(problems, fmt.Sprintf("tenant: %q differs from the declaration's tenant_id %q", p.Tenant, tenant))
+	}
+	if len(problems) > 0 {
+		return declaredPool{}, fault.Invalid("pool %s policy:\n%s", id, strings.Join(problems, "\n"))
+	}
+	rec.Policy = json.RawMessage(ev.GetPolicyJson())
+	return rec, nil
 }
 
 // redeclare clears the withdrawal of a pool declared again by the

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -48,6 +49,10 @@ type scaler struct {
 	now      func() time.Time
 	log      *slog.Logger
 	m        metrics
+
+	// ready says the state in Redis holds what the streams say
+	// (rebuild.go); while it does not, nothing is decided.
+	ready atomic.Bool
 
 	mu sync.Mutex
 	// idle: when each provider node was first seen holding nothing.
@@ -100,11 +105,17 @@ func sampleOf(ev *shizuv1.TrafficSampled) policy.Sample {
 
 // onSample records a pool's sample and decides at the sample's time.
 func (s *scaler) onSample(ctx context.Context, ev *shizuv1.TrafficSampled, _ bus.Delivery) error {
+	if !s.ready.Load() {
+		return errStateLost
+	}
 	pool, ok, err := s.pool(ctx, ev.GetPoolId())
 	if err != nil {
 		return err
 	}
 	if !ok {
+		if err := intact(ctx, s.states.rdb, s.states.marker); err != nil {
+			return err // the pool may be one a lost Redis forgot: redelivered after the rebuild
+		}
 		s.log.DebugContext(ctx, "traffic sample for a pool without policy", "pool", ev.GetPoolId())
 		return nil
 	}

@@ -43,6 +43,11 @@ type poolRental struct {
 type stateStore struct {
 	rdb    *redis.Client
 	prefix string
+	// marker, when set, is the key whose absence makes update refuse
+	// (errStateLost): Redis lost the state and it is being rebuilt
+	// (rebuild.go). Looked for after the record is read, so a record read
+	// from a Redis that came back empty is never written back.
+	marker string
 	// beforeCommit, when set (tests only), runs between an update's read
 	// and its commit: a failpoint for a racing writer.
 	beforeCommit func()
@@ -61,6 +66,9 @@ func (s stateStore) update(ctx context.Context, pool string, fn func(*poolRecord
 		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
 			rec, err := s.read(ctx, tx, key)
 			if err != nil {
+				return err
+			}
+			if err := intact(ctx, s.rdb, s.marker); err != nil {
 				return err
 			}
 			if err := fn(&rec); err != nil {
@@ -105,4 +113,19 @@ func (s stateStore) read(ctx context.Context, c redis.Cmdable, key string) (pool
 		return rec, fmt.Errorf("decode %s: %w", key, err)
 	}
 	return rec, nil
+}
+
+// intact returns errStateLost when marker is set and missing.
+func intact(ctx context.Context, rdb *redis.Client, marker string) error {
+	if marker == "" {
+		return nil
+	}
+	n, err := rdb.Exists(ctx, marker).Result()
+	if err != nil {
+		return fault.Unavailable("read the state marker: %w", err)
+	}
+	if n == 0 {
+		return errStateLost
+	}
+	return nil
 }

@@ -150,9 +150,14 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 }
 
-// Start starts the replica's consumers and its loop; the parts stop them.
+// Start rebuilds the replica's records if they were lost (rebuild.go),
+// then starts its consumers and its loops; the parts stop them.
 func (f *Failover) Start(ctx context.Context, consumers []bus.Consumer) ([]service.Part, error) {
-	var parts []service.Part
+	if err := f.ensureRecords(ctx); err != nil {
+		return nil, err
+	}
+	// Looks for a later loss of the records; stopped last.
+	parts := []service.Part{service.StartLoop(context.WithoutCancel(ctx), f.cfg.Tick, f.watchRecords)}
 	var disconnects <-chan Disconnect
 	if f.cfg.Advisory.URL != "" {
 		ch, stop, err := watchDisconnects(ctx, f.cfg.Advisory, f.d.Now, f.d.Log)

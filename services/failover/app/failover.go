@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -40,6 +41,10 @@ type Failover struct {
 	cfg Config
 	d   Deps
 
+	// rec is the Redis behind placements, moves and quarantines; ready
+	// says they hold what the rental stream says (rebuild.go).
+	rec         records
+	ready       atomic.Bool
 	placements  placementRecords
 	moves       moveRecords
 	quarantines quarantineRecords
@@ -85,7 +90,7 @@ func New(cfg Config, d Deps) (*Failover, error) {
 		prefix = "shizu"
 	}
 	rec := records{rdb: d.Redis, prefix: prefix}
-	return &Failover{cfg: cfg, d: d, placements: redisPlacements{rec}, moves: redisMoves{rec}, quarantines: redisQuarantines{rec},
+	return &Failover{cfg: cfg, d: d, rec: rec, placements: redisPlacements{rec}, moves: redisMoves{rec}, quarantines: redisQuarantines{rec},
 		releases: d.Store, newBatch: func() eventBatch { return newBusBatch(d.Bus) },
 		det: det, queue: q, wake: make(chan struct{}, 1)}, nil
 }
@@ -228,6 +233,9 @@ func (f *Failover) observe(ch bus.HeartbeatChange) {
 // NodeLost events of the tick and the hand-over of every move due go out
 // in one async publish batch, acknowledged together.
 func (f *Failover) step(ctx context.Context) {
+	if !f.ready.Load() {
+		return // records lost: nothing is decided until they are rebuilt
+	}
 	now := f.d.Now()
 	f.mu.Lock()
 	ds := f.det.Tick(now)

@@ -199,6 +199,9 @@ func (f *Failover) onDrained(_ context.Context, ev *shizuv1.NodeDrained, _ bus.D
 // onScheduled remembers each rental's latest placement (its spec and
 // attempt are what a move re-queues) and measures fence-to-scheduled.
 func (f *Failover) onScheduled(ctx context.Context, ev *shizuv1.RentalScheduled, _ bus.Delivery) error {
+	if !f.ready.Load() {
+		return errRecordsLost
+	}
 	if err := f.placements.Put(ctx, ev.GetRentalId(), migrate.Placement{Attempt: ev.GetAttempt(), Tenant: ev.GetTenantId(),
 		Node: ev.GetNodeId(), Spec: ev.GetSpec(), Model: ev.GetGpuModel(), VRAMMiB: gpuVRAM(ev.GetGpus())}); err != nil {
 		return err
@@ -227,6 +230,9 @@ func gpuVRAM(gs []*shizuv1.GpuAssignment) int64 {
 // onStarted completes a migration: the new attempt runs. A
 // make-before-break move stops the old run now.
 func (f *Failover) onStarted(ctx context.Context, ev *shizuv1.RentalStarted, d bus.Delivery) error {
+	if !f.ready.Load() {
+		return errRecordsLost
+	}
 	m, ok, err := f.moves.Get(ctx, ev.GetRentalId())
 	if err != nil || !ok {
 		return err
@@ -273,6 +279,9 @@ func (f *Failover) onStarted(ctx context.Context, ev *shizuv1.RentalStarted, d b
 // a rental's live allocation), and forgets a rental whose latest run
 // ended.
 func (f *Failover) onStopped(ctx context.Context, ev *shizuv1.RentalStopped, _ bus.Delivery) error {
+	if !f.ready.Load() {
+		return errRecordsLost
+	}
 	if _, err := f.d.Store.ReleaseHandedOver(ctx, ev.GetNodeId(), ev.GetRentalId()); err != nil {
 		return err
 	}

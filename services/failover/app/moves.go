@@ -38,6 +38,9 @@ func (f *Failover) queueMoves(ctx context.Context, allocs []migrate.Allocation, 
 	if err != nil {
 		return err
 	}
+	if err := f.recordsIntact(ctx); err != nil {
+		return err // the sweep finds the node's rentals again (moveOrphans)
+	}
 	p := migrate.PlanMoves(allocs, placements, prevs, o)
 	if err := f.moves.PutMany(ctx, p.Moves); err != nil {
 		return err
@@ -146,6 +149,10 @@ func (f *Failover) moveAll(ctx context.Context, ms []migrate.Record, b eventBatc
 	if err != nil {
 		return err
 	}
+	if err := f.recordsIntact(ctx); err != nil {
+		f.push(movesOf(ms)...) // handed over once the records are back
+		return err
+	}
 	out, err := f.releaseOld(ctx, &h, b)
 	if err != nil {
 		return err
@@ -248,4 +255,13 @@ func (f *Failover) settle(ctx context.Context, h *handOver, b eventBatch) error 
 		}
 	}
 	return nil
+}
+
+// movesOf are the queue entries of ms.
+func movesOf(ms []migrate.Record) []migrate.Move {
+	out := make([]migrate.Move, len(ms))
+	for i, m := range ms {
+		out[i] = m.Move()
+	}
+	return out
 }

@@ -58,6 +58,7 @@ func newHarness(t *testing.T, cfg Config) *harness {
 	h.f = &Failover{cfg: cfg, d: Deps{Now: func() time.Time { return h.now }, Log: slog.New(slog.DiscardHandler), Source: "failover-test"},
 		placements: h.placements, moves: h.moves, quarantines: h.quarantines, releases: h.capacity,
 		newBatch: func() eventBatch { return h.bus.NewBatch() }, det: det, queue: q, wake: make(chan struct{}, 1)}
+	h.f.ready.Store(true) // the fake records are never lost (rebuild.go)
 	return h
 }
 

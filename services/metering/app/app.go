@@ -132,8 +132,10 @@ func (c Config) load() (*pricing.Catalogue, ledger.Accounts, error) {
 }
 
 // Run runs the metering until ctx ends: it connects with its own NATS user,
-// ensures the durable consumers the topology declares for it, starts them
-// and the interval closer, and reports ready on /readyz.
+// ensures the durable consumers the topology declares for it, rebuilds its
+// Redis state from the streams if it was lost (Recovery), starts the
+// consumers, the interval closer and the recovery's watch for a later
+// loss, and reports ready on /readyz.
 func Run(ctx context.Context, cfg Config) error {
 	svc, _ := topology.ServiceNamed(topology.Metering)
 	return service.Run(ctx, cfg.Service, func(ctx context.Context, rt *service.Runtime) ([]service.Part, error) {
@@ -143,15 +145,23 @@ func Run(ctx context.Context, cfg Config) error {
 		if err := service.EnsureConsumers(ctx, rt, svc.Consumers...); err != nil {
 			return nil, err
 		}
-		m, err := NewMeter(cfg, Deps{Store: redisstore.New(rt.Redis, cfg.KeyPrefix), Conn: rt.Bus, Log: rt.Log,
+		// The meter writes through the guarded store: nothing is billed
+		// from a store that lost its state until it is rebuilt.
+		store := redisstore.New(rt.Redis, cfg.KeyPrefix)
+		m, err := NewMeter(cfg, Deps{Store: store.Guarded(), Conn: rt.Bus, Log: rt.Log,
 			Meter: rt.Telemetry.MeterProvider()})
 		if err != nil {
 			return nil, err
+		}
+		recovery := NewRecovery(m, store)
+		if _, err := recovery.Ensure(ctx); err != nil {
+			return nil, fmt.Errorf("metering store: %w", err)
 		}
 		parts, err := m.Start(ctx, svc.Consumers, cfg.Tick)
 		if err != nil {
 			return nil, err
 		}
-		return parts, nil
+		// Stopped first (parts stop in reverse order).
+		return append(parts, recovery.Watch(context.WithoutCancel(ctx), cfg.Tick)), nil
 	})
 }

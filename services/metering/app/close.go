@@ -66,6 +66,7 @@ func (m *Meter) closeSegments(ctx context.Context, refs []ledger.SegmentRef) []e
 	errs := make([]error, len(refs))
 	states, err := m.store.MergeSegments(ctx, loads(refs))
 	if err != nil {
+		m.noteLost(err)
 		for i := range errs {
 			errs[i] = err
 		}
@@ -169,9 +170,9 @@ func (c *closing) unpublished(err error) {
 func (m *Meter) plan(ctx context.Context, st ledger.SegmentState, until time.Time) (recs []ledger.Record, adv ledger.Advance, ok bool, err error) {
 	ref := ledger.SegmentRef{RentalID: st.RentalID, Attempt: st.Attempt}
 	seg, known := st.Segment()
-	if st.Done || (known && st.Finished()) {
-		// Finished: nothing to bill; a stale due-list member may still
-		// name it, so the advance takes it off.
+	if st.Done || (known && st.Settled(m.rules)) {
+		// Finished, its top-up included: nothing to bill; a stale due-list
+		// member may still name it, so the advance takes it off.
 		return nil, ledger.Advance{Ref: ref, Cursor: st.Cursor, Finished: true}, true, nil
 	}
 	if !known {

@@ -40,6 +40,10 @@ type Meter struct {
 	// consumed bounds how far running rentals are billed: no later than
 	// every rental and spot price event stored has been handled.
 	consumed watermark
+	// subs are the running consumers (Start), paused by a store rebuild.
+	subs *consumerSet
+	// lost wakes the store's recovery (noteLost).
+	lost chan struct{}
 }
 
 // Deps are what a Meter runs on.
@@ -82,7 +86,7 @@ func NewMeter(cfg Config, d Deps) (*Meter, error) {
 	}
 	return &Meter{metrics: ms, cat: cat, rules: cfg.Rules, grace: cfg.CloseGrace, parkGrace: cfg.ParkGrace, accounts: accounts, store: d.Store,
 		pub: d.Publisher, conn: d.Conn, log: d.Log, now: d.Now, source: topology.Metering,
-		opts: bus.ConsumeOptions{Concurrency: cfg.Concurrency, FastAck: cfg.FastAck}, batch: cfg.Batch}, nil
+		opts: bus.ConsumeOptions{Concurrency: cfg.Concurrency, FastAck: cfg.FastAck}, batch: cfg.Batch, lost: make(chan struct{}, 1)}, nil
 }
 
 // Start starts the consumers and, when tick is positive, the interval
@@ -100,39 +104,14 @@ func (m *Meter) Start(ctx context.Context, consumers []bus.Consumer, tick time.D
 			m.consumed.of = append(m.consumed.of, newConsumedTime(m.conn.JetStream(), c))
 		}
 	}
-	var parts []service.Part
-	batch := bus.BatchOptions{MaxBatch: m.batch, Concurrency: m.opts.Concurrency, FastAck: m.opts.FastAck}
-	for _, c := range consumers {
-		var sub *bus.Subscription
-		var err error
-		switch c.Stream {
-		case topology.StreamRentals:
-			sub, err = m.conn.ConsumeBatch(ctx, c, m.HandleRentals, batch)
-		case topology.StreamMarket:
-			r := bus.NewRouter()
-			bus.On(r, m.HandleSpotPrice)
-			sub, err = m.conn.Consume(ctx, c, r, m.opts)
-		case topology.StreamBilling:
-			sub, err = m.conn.ConsumeBatch(ctx, c, m.HandleUsage, batch)
-		default:
-			continue
-		}
-		if err != nil {
-			stop(ctx, parts)
-			return nil, err
-		}
-		parts = append(parts, service.Subscription{Subscription: sub})
+	m.subs = &consumerSet{m: m, specs: consumers, ctx: ctx}
+	if err := m.subs.start(ctx); err != nil {
+		return nil, err
 	}
+	parts := []service.Part{m.subs}
 	if tick > 0 {
 		// Stopped in its turn by the caller, not when ctx ends.
 		parts = append(parts, service.StartLoop(context.WithoutCancel(ctx), tick, m.closeTick))
 	}
 	return parts, nil
-}
-
-// stop stops parts started so far in reverse order, as service.Run does.
-func stop(ctx context.Context, parts []service.Part) {
-	for i := len(parts) - 1; i >= 0; i-- {
-		_ = parts[i].Stop(ctx)
-	}
 }

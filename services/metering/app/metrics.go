@@ -26,6 +26,7 @@ const (
 	metricParked    = "shizu.metering.events_parked"
 	metricGivenUp   = "shizu.metering.parked_given_up"
 	metricAboveMax  = "shizu.metering.spot_seconds_above_max"
+	metricRebuilds  = "shizu.metering.store_rebuilds"
 )
 
 // metrics are metering's instruments.
@@ -47,6 +48,8 @@ type metrics struct {
 	// aboveMax counts spot seconds not billed for a price above the
 	// tenant's maximum.
 	aboveMax metric.Int64Counter
+	// rebuilds counts rebuilds of a lost store from the streams.
+	rebuilds metric.Int64Counter
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
@@ -55,7 +58,7 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	}
 	m := mp.Meter(meterName)
 	var x metrics
-	var errs [11]error
+	var errs [12]error
 	x.records, errs[0] = m.Int64Counter(metricRecords, metric.WithDescription("Usage records published (by plan)."))
 	x.amount, errs[1] = m.Int64Counter(metricAmount, metric.WithUnit("{micro-unit}"),
 		metric.WithDescription("Sum of the amounts of usage records published (by plan and currency)."))
@@ -73,6 +76,8 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		metric.WithDescription("Parked placements given up after the park grace: not billed, dead-lettered with the reason and dropped."))
 	x.aboveMax, errs[10] = m.Int64Counter(metricAboveMax, metric.WithUnit("s"),
 		metric.WithDescription("Spot seconds not billed because the price in force was above the tenant's maximum (the rental ran unbilled)."))
+	x.rebuilds, errs[11] = m.Int64Counter(metricRebuilds,
+		metric.WithDescription("Rebuilds of metering's Redis state from the streams after it was lost (its marker missing), by this replica."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}

@@ -69,6 +69,7 @@ func (m *Meter) HandleRentals(ctx context.Context, ds []bus.Delivery) []error {
 	b := m.sortRentals(ds)
 	if len(b.events) > 0 {
 		states, err := m.store.MergeSegments(ctx, b.events)
+		m.noteLost(err)
 		segErr := map[ledger.SegmentRef]error{}
 		if err == nil {
 			m.noteParked(ctx, states)
@@ -252,15 +253,25 @@ func loads(refs []ledger.SegmentRef) []ledger.SegmentEvent {
 // HandleSpotPrice records a spot price change (the MARKET consumer's
 // handler).
 func (m *Meter) HandleSpotPrice(ctx context.Context, ev *shizuv1.SpotPriceChanged, _ bus.Delivery) error {
+	zone, model, p, err := m.spotPoint(ev)
+	if err != nil {
+		return err
+	}
+	return m.store.SpotPrice(ctx, zone, model, p)
+}
+
+// spotPoint is the price point a spot price change records, checked
+// against the catalogue (invalid input when it cannot be billed by).
+func (m *Meter) spotPoint(ev *shizuv1.SpotPriceChanged) (zone, model string, p ledger.PricePoint, err error) {
 	if _, err := m.cat.Type(ev.GetModel()); err != nil {
-		return fault.Invalid("spot price: %w", err)
+		return "", "", p, fault.Invalid("spot price: %w", err)
 	}
-	p := pricing.FromProto(ev.GetPricePerGpuHour())
-	if p.Currency != m.cat.Currency {
-		return fault.Invalid("spot price of %s in %s is in %s, the catalogue prices in %s", ev.GetModel(), ev.GetZone(), p.Currency, m.cat.Currency)
+	price := pricing.FromProto(ev.GetPricePerGpuHour())
+	if price.Currency != m.cat.Currency {
+		return "", "", p, fault.Invalid("spot price of %s in %s is in %s, the catalogue prices in %s", ev.GetModel(), ev.GetZone(), price.Currency, m.cat.Currency)
 	}
-	if p.Micros < 0 || p.Micros > pricing.MaxPriceMicros {
-		return fault.Invalid("spot price %d micros is outside 0..%d", p.Micros, int64(pricing.MaxPriceMicros))
+	if price.Micros < 0 || price.Micros > pricing.MaxPriceMicros {
+		return "", "", p, fault.Invalid("spot price %d micros is outside 0..%d", price.Micros, int64(pricing.MaxPriceMicros))
 	}
-	return m.store.SpotPrice(ctx, ev.GetZone(), ev.GetModel(), ledger.PricePoint{At: ev.GetEffectiveAt().AsTime(), Price: p})
+	return ev.GetZone(), ev.GetModel(), ledger.PricePoint{At: ev.GetEffectiveAt().AsTime(), Price: price}, nil
 }

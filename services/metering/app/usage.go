@@ -32,6 +32,7 @@ func (m *Meter) HandleUsage(ctx context.Context, ds []bus.Delivery) []error {
 	}
 	applied, err := m.store.ApplyAll(ctx, "", recs)
 	if err != nil {
+		m.noteLost(err)
 		for _, i := range idx {
 			out[i] = err
 		}

@@ -231,6 +231,16 @@ func Close(seg Segment, tariff Tariff, rules Rules, from, until time.Time) ([]Re
 	return out, cursor, nil
 }
 
+// FinalCursor is where the cursor of an ended segment stands once every
+// record of it is published (what Close returns then): its end, or the
+// end of the top-up to the minimum charge when one is due.
+func FinalCursor(seg Segment, rules Rules) time.Time {
+	if minimumApplies(seg) && secondsIn(seg.Start, seg.Start, seg.End) < int64(rules.MinimumCharge/time.Second) {
+		return seg.Start.Add(rules.MinimumCharge)
+	}
+	return seg.End
+}
+
 func minimumApplies(seg Segment) bool {
 	return seg.Plan == shizuv1.Plan_PLAN_ON_DEMAND && seg.Attempt <= 1 && seg.TenantEnded
 }

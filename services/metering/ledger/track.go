@@ -101,3 +101,13 @@ func (s SegmentState) Finished() bool {
 	seg, ok := s.Segment()
 	return ok && seg.Ended() && !s.Cursor.Before(seg.End)
 }
+
+// Settled reports whether every record of the segment has been published,
+// the top-up to the minimum charge included: its end is known and the
+// cursor has reached FinalCursor. A cursor at the end with the top-up
+// still to publish (a store rebuilt from a billing stream that holds the
+// run's records but not its top-up) is Finished but not Settled.
+func (s SegmentState) Settled(rules Rules) bool {
+	seg, ok := s.Segment()
+	return ok && seg.Ended() && !s.Cursor.Before(FinalCursor(seg, rules))
+}

@@ -52,7 +52,7 @@ const SeenRetention = 8 * 24 * time.Hour
 //	      seconds, then per record: id, day,
 //	      month, tenant, rental, plan|model, currency, micros,
 //	      milli-GPU-seconds, seconds, number of labels, key=value labels
-var applyScript = redis.NewScript(`
+var applyScript = guarded(`
 local p = ARGV[1]
 local gen = ARGV[2]
 if gen == '' then gen = redis.call('GET', p .. 'agg:gen') or '0' end
@@ -97,7 +97,7 @@ return out`)
 // Apply folds one usage record into the aggregates of generation gen (""
 // for the current one), once per record id.
 func (s *Store) Apply(ctx context.Context, gen string, r *shizuv1.UsageRecorded) (Applied, error) {
-	reply, err := s.pipe.run(ctx, applyScript, nil, s.appendRecord([]any{s.prefix, gen, seenTTL}, r)...)
+	reply, err := s.pipe.run(ctx, applyScript, nil, append(s.appendRecord([]any{s.prefix, gen, seenTTL}, r), s.marker)...)
 	if err != nil {
 		return Applied{}, fmt.Errorf("apply usage %s: %w", r.GetMeta().GetEventId(), err)
 	}
@@ -119,7 +119,7 @@ func (s *Store) ApplyAll(ctx context.Context, gen string, rs []*shizuv1.UsageRec
 	for _, r := range rs {
 		args = s.appendRecord(args, r)
 	}
-	reply, err := applyScript.Run(ctx, s.rdb, nil, args...).Result()
+	reply, err := applyScript.Run(ctx, s.rdb, nil, append(args, s.marker)...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("apply %d usage records: %w", len(rs), err)
 	}

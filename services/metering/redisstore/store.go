@@ -27,6 +27,9 @@ type Store struct {
 	rdb    redis.UniversalClient
 	prefix string
 	pipe   *pipeliner
+	// marker is the key whose absence makes every guarded write fail
+	// (Guarded); empty for an unguarded store.
+	marker string
 }
 
 // pipelineLanes is how many shared pipelines may be on the wire at once.
@@ -75,7 +78,7 @@ func nanos(t time.Time) string { return strconv.FormatInt(t.UnixNano(), 10) }
 //	KEYS: due, then per segment: seg, lost, attempts
 //	ARGV: per segment: due member, attempt, number of events, then per
 //	      event: mode (sched|start|stop), due score, n, n field/value pairs
-var mergeScript = redis.NewScript(`
+var mergeScript = guarded(`
 local out = {}
 local i = 1
 local k = 2
@@ -172,7 +175,7 @@ func (s *Store) MergeSegments(ctx context.Context, events []ledger.SegmentEvent)
 			args = append(args, fields...)
 		}
 	}
-	reply, err := mergeScript.Run(ctx, s.rdb, keys, args...).Result()
+	reply, err := mergeScript.Run(ctx, s.rdb, keys, append(args, s.marker)...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("merge %d segments: %w", len(groups), err)
 	}
@@ -212,10 +215,10 @@ func parseReply(ref ledger.SegmentRef, out any) (ledger.SegmentState, error) {
 // placement on the same node is not ended by it. The earliest report wins
 // (ledger.EarliestLoss), so replays agree.
 func (s *Store) Lost(ctx context.Context, rental string, attempt int32, lastHeartbeat time.Time) error {
-	return minScript.Run(ctx, s.rdb, []string{s.lostKey(rental)}, strconv.Itoa(int(attempt)), nanos(lastHeartbeat)).Err()
+	return minScript.Run(ctx, s.rdb, []string{s.lostKey(rental)}, strconv.Itoa(int(attempt)), nanos(lastHeartbeat), s.marker).Err()
 }
 
-var minScript = redis.NewScript(`
+var minScript = guarded(`
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if (not cur) or tonumber(ARGV[2]) < tonumber(cur) then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
 return 1`)
@@ -278,7 +281,7 @@ func (s *Store) AdvanceAll(ctx context.Context, as []ledger.Advance) error {
 	for _, a := range as {
 		keys, args = s.advanceArgs(keys, args, a)
 	}
-	if err := advanceScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+	if err := advanceScript.Run(ctx, s.rdb, keys, append(args, s.marker)...).Err(); err != nil {
 		return fmt.Errorf("advance %d segments: %w", len(as), err)
 	}
 	return nil
@@ -290,7 +293,7 @@ func (s *Store) AdvanceAll(ctx context.Context, as []ledger.Advance) error {
 //
 //	KEYS: due, then one segment per advance
 //	ARGV: per advance: cursor, due score, due member, finished (0|1)
-var advanceScript = redis.NewScript(`
+var advanceScript = guarded(`
 for n = 2, #KEYS do
   local seg, i = KEYS[n], 4 * (n - 2) + 1
   local cur = redis.call('HGET', seg, 'cursor')
@@ -324,14 +327,14 @@ func (s *Store) Due(ctx context.Context, t time.Time, limit int64) ([]ledger.Seg
 // DropParked removes a segment that is still unscheduled and takes it off
 // the due list, atomically; false when it was scheduled meanwhile.
 func (s *Store) DropParked(ctx context.Context, ref ledger.SegmentRef) (bool, error) {
-	n, err := dropParkedScript.Run(ctx, s.rdb, []string{s.segKey(ref.RentalID, ref.Attempt), s.dueKey()}, member(ref)).Int()
+	n, err := dropParkedScript.Run(ctx, s.rdb, []string{s.segKey(ref.RentalID, ref.Attempt), s.dueKey()}, member(ref), s.marker).Int()
 	if err != nil {
 		return false, fmt.Errorf("drop parked %s: %w", member(ref), err)
 	}
 	return n == 1, nil
 }
 
-var dropParkedScript = redis.NewScript(`
+var dropParkedScript = guarded(`
 if redis.call('HGET', KEYS[1], 'sched') == '1' then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
