@@ -11,10 +11,19 @@
 // per rental id, so a caller that lost the reply can simply ask again.
 //
 // JetStream is the system of record for events; this store is the live view
-// of what is allocated. Nothing rebuilds it from JetStream yet: if Redis loses
-// its data, node agents re-register as empty nodes and stop workloads whose
-// allocations are gone. Deployments therefore run Redis with an append-only
-// file (docs/deploy.md, "Losing Redis").
+// of what is allocated. A Redis that comes back empty (no persistence, a
+// replaced primary) is rebuilt by its clients rather than read as "nothing is
+// allocated": the store's generation (a random id, created by the first
+// registration or restore into an empty store, [Store.Generation]) tells a
+// node agent that the store it registered in is gone, and the agent puts its
+// node back together with the allocations of the workloads it runs, in one
+// script ([Store.Restore]), so no scheduler ever sees the node empty. Of a
+// rental that two nodes restore (it moved while the store was lost), the
+// higher placement attempt ([Placement.Attempt]) keeps it. The scheduler
+// rebuilds its own records from JetStream (services/scheduler,
+// docs/scheduler.md). What a restore cannot bring back is a fence that was
+// lost with the store: a node fenced just before the loss comes back at the
+// epoch its agent holds (docs/deploy.md, "Losing Redis").
 //
 // # Capacity units
 //
@@ -55,6 +64,9 @@
 //	shizu:rentals                hash    rental id -> allocation JSON (the rental -> node index)
 //	shizu:nodes                  set     every registered node id
 //	shizu:version                string  store-wide counter, +1 on every mutation
+//	shizu:generation             string  the store's generation: a random id, set
+//	                                     (SET NX) by the first Register/Join or
+//	                                     Restore into a store that has none
 //
 // The two per-node keys share the {<node>} hash tag, so they live in one
 // Redis Cluster slot. The allocation JSON is written to the node's allocs hash
@@ -68,7 +80,11 @@
 // Which operations touch which keys (each is one atomic step, except Release
 // and Snapshot, noted below):
 //
-//	Register   node, allocs, nodes, version            (one script)
+//	Register   node, allocs, nodes, version,           (one script; Join too)
+//	           generation
+//	Restore    rentals (read), then node, allocs,      (one script; retried when the
+//	           nodes, version, rentals, generation,     index changed between the
+//	           node and allocs of overtaken holders      read and the script)
 //	Reserve    node, allocs, rentals, version          (one script)
 //	Release    rentals (read), then node, allocs,      (one script; frees only the
 //	           rentals, version                         allocation the index still
@@ -84,12 +100,13 @@
 //	Node, Allocations  node, allocs                    (one MULTI/EXEC)
 //	Allocation rentals                                 (one HGET)
 //	Version    version                                 (one GET)
+//	Generation generation                              (one GET)
 //	Snapshot   version + nodes (one MULTI/EXEC), then node and allocs of
 //	           up to DefaultSnapshotBatch nodes per MULTI/EXEC, in sequence
 //
 // # Redis Cluster caveat
 //
-// Register, Reserve, Release and Remove are multi-key across hash slots: they
+// Register, Restore, Reserve, Release and Remove are multi-key across hash slots: they
 // combine a node's keys with the store-wide keys (rentals, nodes, version);
 // a Snapshot batch reads the keys of many nodes in one MULTI/EXEC.
 // That is atomic on a single Redis primary (with replicas, Sentinel or not),

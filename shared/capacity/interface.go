@@ -9,6 +9,9 @@ import "context"
 // depends on the narrow part of it that it uses.
 type Interface interface {
 	Register(ctx context.Context, n Node) (uint64, error)
+	Join(ctx context.Context, n Node) (Registration, error)
+	Restore(ctx context.Context, in RestoreInput) (RestoreResult, error)
+	Generation(ctx context.Context) (string, error)
 	Reserve(ctx context.Context, p Placement) (Allocation, error)
 	ReserveMany(ctx context.Context, ps []Placement) []ReserveResult
 	Release(ctx context.Context, rentalID string) (bool, error)

@@ -62,6 +62,9 @@ type allocationRecord struct {
 	// HandOver marks the node's copy of an allocation handed over by
 	// Store.HandOver (see handover.go); the index never holds such a copy.
 	HandOver bool `json:"handover,omitempty"`
+	// Attempt is Placement.Attempt (absent when 0); the restore script
+	// reads it.
+	Attempt int32 `json:"attempt,omitempty"`
 }
 
 type shareRecord struct {
@@ -138,7 +141,7 @@ func cloneNode(n Node) Node {
 func encodeAllocation(p Placement, created time.Time) ([]byte, error) {
 	r := allocationRecord{
 		RentalID: p.RentalID, NodeID: p.NodeID, Epoch: p.Epoch, Tenant: p.Tenant,
-		CPUMilli: p.CPUMilli, MemoryMiB: p.MemoryMiB, CreatedAt: created,
+		CPUMilli: p.CPUMilli, MemoryMiB: p.MemoryMiB, CreatedAt: created, Attempt: p.Attempt,
 		GPUs: make([]shareRecord, len(p.GPUs)),
 	}
 	for i, g := range p.GPUs {
@@ -155,7 +158,7 @@ func decodeAllocation(raw string) (Allocation, error) {
 	a := Allocation{
 		Placement: Placement{
 			RentalID: r.RentalID, NodeID: r.NodeID, Epoch: r.Epoch, Tenant: r.Tenant,
-			CPUMilli: r.CPUMilli, MemoryMiB: r.MemoryMiB,
+			CPUMilli: r.CPUMilli, MemoryMiB: r.MemoryMiB, Attempt: r.Attempt,
 			GPUs: make([]GPUShare, len(r.GPUs)),
 		},
 		CreatedAt:   r.CreatedAt,

@@ -17,94 +17,110 @@ const luaHelpers = `
 local function fmt(x) return string.format('%d', x) end
 `
 
+// luaFit computes a node's hash from the facts in ARGV (register's
+// layout, below) minus the allocations raws (allocation JSONs): fit(raws,
+// status, epoch) returns the fields to HSET, or nil and the misfit reply
+// when the allocations do not fit the facts. It writes nothing.
+const luaFit = `
+local function fit(raws, status, epoch)
+  local n = tonumber(ARGV[5])
+  local cpu, mem = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local milli, vram, sharers, max, mig = {}, {}, {}, {}, {}
+  for i = 0, n - 1 do
+    local b = 6 + 3 * i
+    milli[i] = 1000
+    vram[i] = tonumber(ARGV[b])
+    sharers[i] = 0
+    max[i] = tonumber(ARGV[b + 1])
+    mig[i] = ARGV[b + 2]
+  end
+  local inst, prof, mb = {}, {}, 6 + 3 * n
+  for k = 1, tonumber(ARGV[mb]) do
+    local a = mb + 3 * k - 2
+    inst['g' .. ARGV[a] .. '.mi.' .. ARGV[a + 1]] = ''
+    prof['g' .. ARGV[a] .. '.mip.' .. ARGV[a + 1]] = ARGV[a + 2]
+  end
+  for _, raw in ipairs(raws) do
+    local a = cjson.decode(raw)
+    cpu = cpu - a.cpu_milli
+    mem = mem - a.memory_mib
+    for _, g in ipairs(a.gpus) do
+      local i = g.index
+      if i >= n then return nil, {'misfit', a.rental_id, 'gpu', fmt(i), fmt(n)} end
+      if g.mig_profile and mig[i] ~= '1' then return nil, {'misfit', a.rental_id, 'mig', fmt(i), g.mig_profile} end
+      if not g.mig_profile and mig[i] == '1' then return nil, {'misfit', a.rental_id, 'mig_mode', fmt(i), ''} end
+      if g.mig_instance then
+        local f = 'g' .. fmt(i) .. '.mi.' .. g.mig_instance
+        if inst[f] ~= '' then return nil, {'misfit', a.rental_id, 'mig_instance', fmt(i), g.mig_instance} end
+        inst[f] = a.rental_id
+      end
+      milli[i] = milli[i] - g.milli
+      vram[i] = vram[i] - g.vram_mib
+      sharers[i] = sharers[i] + 1
+    end
+  end
+  if cpu < 0 then return nil, {'misfit', '', 'cpu_milli', '-1', fmt(cpu)} end
+  if mem < 0 then return nil, {'misfit', '', 'memory_mib', '-1', fmt(mem)} end
+  local f = {'spec', ARGV[2], 'status', status, 'epoch', epoch,
+    'cpu_free', fmt(cpu), 'mem_free', fmt(mem), 'gpus', fmt(n)}
+  for i = 0, n - 1 do
+    if milli[i] < 0 then return nil, {'misfit', '', 'milli_gpu', fmt(i), fmt(milli[i])} end
+    if vram[i] < 0 then return nil, {'misfit', '', 'vram_mib', fmt(i), fmt(vram[i])} end
+    if sharers[i] > max[i] then return nil, {'misfit', '', 'sharer_slots', fmt(i), fmt(max[i] - sharers[i])} end
+    local p = 'g' .. fmt(i) .. '.'
+    table.insert(f, p .. 'milli'); table.insert(f, fmt(milli[i]))
+    table.insert(f, p .. 'vram'); table.insert(f, fmt(vram[i]))
+    table.insert(f, p .. 'sharers'); table.insert(f, fmt(sharers[i]))
+    table.insert(f, p .. 'max'); table.insert(f, fmt(max[i]))
+    table.insert(f, p .. 'migmode'); table.insert(f, mig[i])
+  end
+  for field, holder in pairs(inst) do table.insert(f, field); table.insert(f, holder) end
+  for field, profile in pairs(prof) do table.insert(f, field); table.insert(f, profile) end
+  -- GPU health marks (SetGPUHealth) outlive a registration.
+  for i = 0, n - 1 do
+    local h = redis.call('HGET', KEYS[1], 'g' .. fmt(i) .. '.health')
+    if h then table.insert(f, 'g' .. fmt(i) .. '.health'); table.insert(f, h) end
+  end
+  return f
+end
+`
+
 // registerScript creates a node or refreshes its static facts, keeping its
-// epoch and allocations and recomputing what is free from them.
+// epoch and allocations and recomputing what is free from them. It also
+// creates the store's generation marker when there is none.
 //
-// KEYS: node, allocs, nodes, version.
+// KEYS: node, allocs, nodes, version, generation.
 // ARGV: node id, spec JSON, cpu milli, memory MiB, GPU count n, then n
 // groups of (VRAM MiB, max sharers, "1" if in MIG mode), then the MIG
-// instance count m and m triples (GPU index, instance UUID, profile).
+// instance count m and m triples (GPU index, instance UUID, profile), and
+// last a new generation id (written only if the store has none).
 // A GPU's MIG mode is field g<i>.migmode ("1" or "0"; stores written
 // before MIG mode was tracked have only g<i>.mig, MIG capability, and are
 // read as not in MIG mode until the node registers again); its MIG
 // instances are fields g<i>.mi.<uuid>: empty when free, else the holding
 // rental id; g<i>.mip.<uuid> is the instance's profile.
-// Reply: {'ok', epoch, status, changed 0|1} or
+// Reply: {'ok', epoch, status, changed 0|1, generation} or
 // {'misfit', rental id, resource, GPU index, value} when a live allocation
 // does not fit the new facts.
-var registerScript = redis.NewScript(luaHelpers + `
+var registerScript = redis.NewScript(luaHelpers + luaFit + `
+redis.call('SET', KEYS[5], ARGV[#ARGV], 'NX')
+local gen = redis.call('GET', KEYS[5])
 local cur = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'spec')
 local status, epoch = 'ready', '1'
 if cur[1] then
   epoch = cur[2]
   if cur[1] ~= 'dead' then
     status = cur[1]
-    if cur[3] == ARGV[2] then return {'ok', epoch, status, 0} end
+    if cur[3] == ARGV[2] then return {'ok', epoch, status, 0, gen} end
   end
 end
-local n = tonumber(ARGV[5])
-local cpu, mem = tonumber(ARGV[3]), tonumber(ARGV[4])
-local milli, vram, sharers, max, mig = {}, {}, {}, {}, {}
-for i = 0, n - 1 do
-  local b = 6 + 3 * i
-  milli[i] = 1000
-  vram[i] = tonumber(ARGV[b])
-  sharers[i] = 0
-  max[i] = tonumber(ARGV[b + 1])
-  mig[i] = ARGV[b + 2]
-end
-local inst, prof, mb = {}, {}, 6 + 3 * n
-for k = 1, tonumber(ARGV[mb]) do
-  local a = mb + 3 * k - 2
-  inst['g' .. ARGV[a] .. '.mi.' .. ARGV[a + 1]] = ''
-  prof['g' .. ARGV[a] .. '.mip.' .. ARGV[a + 1]] = ARGV[a + 2]
-end
-for _, raw in ipairs(redis.call('HVALS', KEYS[2])) do
-  local a = cjson.decode(raw)
-  cpu = cpu - a.cpu_milli
-  mem = mem - a.memory_mib
-  for _, g in ipairs(a.gpus) do
-    local i = g.index
-    if i >= n then return {'misfit', a.rental_id, 'gpu', fmt(i), fmt(n)} end
-    if g.mig_profile and mig[i] ~= '1' then return {'misfit', a.rental_id, 'mig', fmt(i), g.mig_profile} end
-    if not g.mig_profile and mig[i] == '1' then return {'misfit', a.rental_id, 'mig_mode', fmt(i), ''} end
-    if g.mig_instance then
-      local f = 'g' .. fmt(i) .. '.mi.' .. g.mig_instance
-      if inst[f] ~= '' then return {'misfit', a.rental_id, 'mig_instance', fmt(i), g.mig_instance} end
-      inst[f] = a.rental_id
-    end
-    milli[i] = milli[i] - g.milli
-    vram[i] = vram[i] - g.vram_mib
-    sharers[i] = sharers[i] + 1
-  end
-end
-if cpu < 0 then return {'misfit', '', 'cpu_milli', '-1', fmt(cpu)} end
-if mem < 0 then return {'misfit', '', 'memory_mib', '-1', fmt(mem)} end
-local f = {'spec', ARGV[2], 'status', status, 'epoch', epoch,
-  'cpu_free', fmt(cpu), 'mem_free', fmt(mem), 'gpus', fmt(n)}
-for i = 0, n - 1 do
-  if milli[i] < 0 then return {'misfit', '', 'milli_gpu', fmt(i), fmt(milli[i])} end
-  if vram[i] < 0 then return {'misfit', '', 'vram_mib', fmt(i), fmt(vram[i])} end
-  if sharers[i] > max[i] then return {'misfit', '', 'sharer_slots', fmt(i), fmt(max[i] - sharers[i])} end
-  local p = 'g' .. fmt(i) .. '.'
-  table.insert(f, p .. 'milli'); table.insert(f, fmt(milli[i]))
-  table.insert(f, p .. 'vram'); table.insert(f, fmt(vram[i]))
-  table.insert(f, p .. 'sharers'); table.insert(f, fmt(sharers[i]))
-  table.insert(f, p .. 'max'); table.insert(f, fmt(max[i]))
-  table.insert(f, p .. 'migmode'); table.insert(f, mig[i])
-end
-for field, holder in pairs(inst) do table.insert(f, field); table.insert(f, holder) end
-for field, profile in pairs(prof) do table.insert(f, field); table.insert(f, profile) end
--- GPU health marks (SetGPUHealth) outlive a registration.
-for i = 0, n - 1 do
-  local h = redis.call('HGET', KEYS[1], 'g' .. fmt(i) .. '.health')
-  if h then table.insert(f, 'g' .. fmt(i) .. '.health'); table.insert(f, h) end
-end
+local f, misfit = fit(redis.call('HVALS', KEYS[2]), status, epoch)
+if not f then return misfit end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(f))
 redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('INCR', KEYS[4])
-return {'ok', epoch, status, 1}
+return {'ok', epoch, status, 1, gen}
 `)
 
 // reserveScript commits one placement, all or nothing.

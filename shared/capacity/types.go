@@ -116,6 +116,11 @@ type Placement struct {
 	CPUMilli  int64
 	MemoryMiB int64
 	GPUs      []GPUShare
+	// Attempt is the rental's placement attempt (1 for its first
+	// placement, one more for each re-placement); 0 when the caller did
+	// not say. Restore keeps the higher attempt when two nodes hold the
+	// same rental.
+	Attempt int32
 }
 
 // Allocation is a placement as the store recorded it.

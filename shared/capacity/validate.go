@@ -188,6 +188,9 @@ func (pl Placement) Validate() error {
 	p.text("Tenant", pl.Tenant)
 	p.quantity("CPUMilli", pl.CPUMilli, 0)
 	p.quantity("MemoryMiB", pl.MemoryMiB, 0)
+	if pl.Attempt < 0 {
+		p.addf("Attempt", "must not be negative, got %d", pl.Attempt)
+	}
 	if len(pl.GPUs) == 0 || len(pl.GPUs) > MaxGPUsPerNode {
 		p.addf("GPUs", "must list 1..%d GPU shares, got %d", MaxGPUsPerNode, len(pl.GPUs))
 	}

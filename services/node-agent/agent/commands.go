@@ -19,6 +19,21 @@ type Rental struct {
 	GPUUUIDs  []string // what CUDA_VISIBLE_DEVICES lists (GPU or MIG UUIDs)
 	MilliGPU  int32    // share of each of those GPUs
 	StartedAt time.Time
+	// Shares, CPUMilli and MemoryMiB are the placement's reservation, for
+	// a restore into a capacity store that lost it (none for a workload
+	// recorded before they were kept).
+	Shares    []Share
+	CPUMilli  int64
+	MemoryMiB int64
+}
+
+// Share is the part of one GPU a rental was placed on.
+type Share struct {
+	Index       int
+	Milli       int64
+	VRAMMiB     int64
+	MIGProfile  string
+	MIGInstance string
 }
 
 // State is what the agent knows when it decides on a command.

@@ -59,7 +59,15 @@ func (a *nodeAgent) onStart(ctx context.Context, cmd *shizuv1.StartRental, d bus
 		}
 		return nil
 	}
-	switch err := a.store.Renew(ctx, sc.GetRentalId(), a.cfg.NodeID, uint64(sc.GetNodeEpoch())); {
+	err := a.store.Renew(ctx, sc.GetRentalId(), a.cfg.NodeID, uint64(sc.GetNodeEpoch()))
+	if capacity.IsNotFound(err) {
+		if restored, rerr := a.restoreForStart(ctx, sc); rerr != nil {
+			return fmt.Errorf("restore allocation of %s: %w", sc.GetRentalId(), rerr)
+		} else if restored {
+			err = a.store.Renew(ctx, sc.GetRentalId(), a.cfg.NodeID, uint64(sc.GetNodeEpoch()))
+		}
+	}
+	switch {
 	case capacity.IsFenced(err):
 		log.Warn("start skipped: allocation fenced")
 		return nil
@@ -81,7 +89,8 @@ func (a *nodeAgent) run(ctx context.Context, sc *shizuv1.RentalScheduled, causat
 		command = a.cfg.DefaultCommand
 	}
 	spec := runtime.Spec{RentalID: sc.GetRentalId(), TenantID: sc.GetTenantId(), Attempt: sc.GetAttempt(),
-		Epoch: sc.GetNodeEpoch(), GPUUUIDs: uuids, MilliGPU: sc.GetSpec().GetMilliGpu(), Command: command, Env: env}
+		Epoch: sc.GetNodeEpoch(), GPUUUIDs: uuids, MilliGPU: sc.GetSpec().GetMilliGpu(), Command: command, Env: env,
+		Shares: sharesOf(sc), CPUMilli: sc.GetCpuMilli(), MemoryMiB: sc.GetMemoryMib()}
 	w, err := a.rt.Start(ctx, spec)
 	r := rentalOf(spec, w.StartedAt)
 	if err != nil {

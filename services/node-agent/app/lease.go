@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shizu-gpu/shizu/services/node-agent/agent"
-	"github.com/shizu-gpu/shizu/services/node-agent/runtime"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/service"
@@ -71,16 +70,30 @@ func (a *nodeAgent) beat(ctx context.Context) {
 	}
 }
 
-// lease checks the node's registration (re-registering after a fence or a
-// lost store) and renews the running workloads' allocations.
+// lease checks the node's registration (re-registering after a fence,
+// restoring the node with its workloads into a store that was lost) and
+// renews the running workloads' allocations.
 func (a *nodeAgent) lease(ctx context.Context) {
 	st, err := a.store.Node(ctx, a.cfg.NodeID)
 	if err != nil && !capacity.IsNotFound(err) {
 		a.log.Warn("capacity store unreachable", "err", err)
 		return
 	}
+	// Read after the node: a store lost between the two reads shows here.
+	lost, gerr := a.storeLost(ctx)
+	if gerr != nil {
+		a.log.Warn("capacity store unreachable", "err", gerr)
+		return
+	}
 	stored := agent.StoredNode{Found: err == nil, Dead: st.Status == capacity.StatusDead, Epoch: int64(st.Epoch)}
-	if epoch := a.epochNow(); agent.MustRegister(stored, epoch) {
+	switch epoch := a.epochNow(); {
+	case lost:
+		a.log.Warn("the capacity store was lost; restoring the node with its workloads", "epoch", epoch)
+		if err := a.restore(ctx, epoch, a.runningList(), nil); err != nil {
+			a.log.Error("restore failed", "err", err)
+			return
+		}
+	case agent.MustRegister(stored, epoch):
 		a.log.Warn("registration lost or fenced; registering again", "epoch", epoch, "err", err)
 		if err := a.register(ctx); err != nil {
 			a.log.Error("re-registration failed", "err", err)
@@ -92,7 +105,9 @@ func (a *nodeAgent) lease(ctx context.Context) {
 }
 
 // renew asks the store about every running workload and stops those that
-// must not run any more.
+// must not run any more. Before it stops any it checks that the store is
+// still the one the node registered in: one lost since the lease began
+// answers "gone" for everything, and the next lease restores it instead.
 func (a *nodeAgent) renew(ctx context.Context) {
 	a.mu.Lock()
 	running := make([]agent.Rental, 0, len(a.running))
@@ -118,17 +133,15 @@ func (a *nodeAgent) renew(ctx context.Context) {
 		}
 		known = append(known, r)
 	}
-	for _, s := range agent.Reconcile(known, verdicts) {
-		a.mu.Lock()
-		a.stopping[s.Rental.RentalID] = s.Reason
-		a.mu.Unlock()
-		a.log.Warn("stopping zombie workload", "rental", s.Rental.RentalID, "reason", s.Message)
-		a.goLoop(func() {
-			if err := a.rt.Stop(ctx, s.Rental.RentalID, a.cfg.StopGrace); err != nil && !errors.Is(err, runtime.ErrNotRunning) {
-				a.log.Warn("stop zombie", "rental", s.Rental.RentalID, "err", err)
-			}
-		})
+	stops := agent.Reconcile(known, verdicts)
+	if len(stops) == 0 {
+		return
 	}
+	if lost, err := a.storeLost(ctx); err != nil || lost {
+		a.log.Warn("not stopping workloads: the capacity store was lost or is unreachable", "workloads", len(stops), "err", err)
+		return
+	}
+	a.stopWorkloads(ctx, stops)
 }
 
 // checkDrained publishes NodeDrained once a draining node holds nothing.

@@ -39,14 +39,20 @@ type nodeAgent struct {
 	report agent.Events
 	m      *metrics
 
-	mu       sync.Mutex
-	desc     *shizuv1.NodeRegistered // what registration says, without meta and epoch
-	inv      gpu.Inventory
-	epoch    int64
-	health   *agent.HealthBook
-	running  map[string]agent.Rental
-	stopping map[string]shizuv1.ExitReason
-	drain    agent.Drain
+	mu    sync.Mutex
+	desc  *shizuv1.NodeRegistered // what registration says, without meta and epoch
+	inv   gpu.Inventory
+	epoch int64
+	// generation is the capacity store generation the node is registered
+	// in (see restore.go).
+	generation string
+	// restoredIn is the generation the agent last restored the node in
+	// ("" if it never did).
+	restoredIn string
+	health     *agent.HealthBook
+	running    map[string]agent.Rental
+	stopping   map[string]shizuv1.ExitReason
+	drain      agent.Drain
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -86,7 +92,7 @@ func start(ctx context.Context, cfg Config, srt *service.Runtime) (a *nodeAgent,
 	if err := service.EnsureConsumers(ctx, srt, cons); err != nil {
 		return nil, err
 	}
-	if err := a.register(ctx); err != nil {
+	if err := a.join(ctx); err != nil {
 		return nil, err
 	}
 	hb, err := openHeartbeats(ctx, srt, cfg.HeartbeatTTL)
@@ -267,18 +273,19 @@ func (a *nodeAgent) register(ctx context.Context) error {
 	a.mu.Lock()
 	desc := proto.Clone(a.desc).(*shizuv1.NodeRegistered)
 	a.mu.Unlock()
-	epoch, err := a.store.Register(ctx, capacityNode(desc))
+	reg, err := a.store.Join(ctx, capacityNode(desc))
 	if err != nil {
 		return fmt.Errorf("register node: %w", err)
 	}
+	epoch := reg.Epoch
 	ev := a.report.Registered(desc, int64(epoch), a.now())
 	// A draining node stays draining across a restart of its agent.
 	st, err := a.store.Node(ctx, a.cfg.NodeID)
 	if err != nil {
 		return fmt.Errorf("read registered node: %w", err)
 	}
+	a.remember(reg)
 	a.mu.Lock()
-	a.epoch = int64(epoch)
 	a.drain.Registered(st.Status == capacity.StatusDraining, a.now())
 	a.mu.Unlock()
 	if err := a.publish(ctx, subject.NodeRegistered, a.cfg.NodeID, ev); err != nil {
@@ -402,8 +409,12 @@ func (a *nodeAgent) publishStopped(ctx context.Context, r agent.Rental, o agent.
 }
 
 func rentalOf(s runtime.Spec, startedAt time.Time) agent.Rental {
-	return agent.Rental{RentalID: s.RentalID, TenantID: s.TenantID, Attempt: s.Attempt, Epoch: s.Epoch,
-		GPUUUIDs: s.GPUUUIDs, MilliGPU: s.MilliGPU, StartedAt: startedAt}
+	r := agent.Rental{RentalID: s.RentalID, TenantID: s.TenantID, Attempt: s.Attempt, Epoch: s.Epoch,
+		GPUUUIDs: s.GPUUUIDs, MilliGPU: s.MilliGPU, StartedAt: startedAt, CPUMilli: s.CPUMilli, MemoryMiB: s.MemoryMiB}
+	for _, sh := range s.Shares {
+		r.Shares = append(r.Shares, agent.Share(sh))
+	}
+	return r
 }
 
 // addLoad tells a simulated host that r's work started (sign 1) or ended

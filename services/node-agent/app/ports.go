@@ -25,10 +25,13 @@ type heartbeat interface {
 }
 
 // nodeRecords is what the agent needs of the capacity store: its node's
-// registration, epoch and status, and the allocations it holds
+// registration (and its restore into a store that was lost: the store's
+// generation tells), epoch and status, and the allocations it holds
 // (agenttest.RunNodeRecordsContract). *capacity.Store is the real one.
 type nodeRecords interface {
-	Register(ctx context.Context, n capacity.Node) (uint64, error)
+	Join(ctx context.Context, n capacity.Node) (capacity.Registration, error)
+	Restore(ctx context.Context, in capacity.RestoreInput) (capacity.RestoreResult, error)
+	Generation(ctx context.Context) (string, error)
 	Node(ctx context.Context, nodeID string) (capacity.NodeState, error)
 	Renew(ctx context.Context, rentalID, nodeID string, epoch uint64) error
 	SetStatus(ctx context.Context, nodeID string, status capacity.NodeStatus, expectedEpoch uint64) error

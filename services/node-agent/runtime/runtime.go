@@ -19,11 +19,27 @@ type Spec struct {
 	GPUUUIDs []string
 	// MilliGPU is the share of each of those GPUs, 1..1000.
 	MilliGPU int32
+	// Shares, CPUMilli and MemoryMiB are what the placement reserved for
+	// the workload, kept with its record so that an agent (a later one,
+	// after a restart) can put the allocation back into a capacity store
+	// that lost it. Records written before they were kept have none.
+	Shares    []Share
+	CPUMilli  int64
+	MemoryMiB int64
 	// Command is the argv to run.
 	Command []string
 	// Env is added to a minimal environment (PATH, HOME, LANG); the agent's
 	// own environment (credentials) is never passed on.
 	Env map[string]string
+}
+
+// Share is the part of one GPU a workload was placed on.
+type Share struct {
+	Index       int
+	Milli       int64
+	VRAMMiB     int64
+	MIGProfile  string `json:",omitempty"`
+	MIGInstance string `json:",omitempty"`
 }
 
 // Workload is a started workload.

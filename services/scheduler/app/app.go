@@ -69,6 +69,10 @@ type Config struct {
 	// before it is freed (younger ones may be a reservation in flight).
 	ReconcileInterval time.Duration
 	ReconcileAge      time.Duration
+	// RecordsCheck is how often the replica checks that its Redis records
+	// are whole (their marker is there), rebuilding them from the rentals
+	// stream when Redis lost them (every batch checks too).
+	RecordsCheck time.Duration
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -79,7 +83,7 @@ func DefaultConfig() Config {
 		PendingTimeout: 10 * time.Minute, PendingRetry: 500 * time.Millisecond, PreemptionNotice: 30 * time.Second,
 		SnapshotMaxAge: 5 * time.Second, AgingStep: time.Second, WorkloadWindow: 5000,
 		KeyPrefix: "shizu", OutcomeTTL: 7 * 24 * time.Hour,
-		ReconcileInterval: 30 * time.Second, ReconcileAge: 2 * time.Minute,
+		ReconcileInterval: 30 * time.Second, ReconcileAge: 2 * time.Minute, RecordsCheck: 2 * time.Second,
 	}
 }
 
@@ -105,6 +109,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	f.String(&c.AccountsPath, "accounts", "reserved commitments (metering's accounts JSON); none: reserved requests are refused")
 	f.Duration(&c.ReconcileInterval, "reconcile-interval", "how often allocations no live rental owns are looked for")
 	f.Duration(&c.ReconcileAge, "reconcile-age", "how old an allocation no live rental owns must be to be freed")
+	f.Duration(&c.RecordsCheck, "records-check", "how often the Redis records are checked whole (rebuilt from the rentals stream when lost)")
 }
 
 // commitments reads the reserved commitments of the accounts file.
@@ -147,7 +152,7 @@ func (c Config) Validate() error {
 	positive("commit-workers", c.CommitWorkers)
 	positive("workload-window", c.WorkloadWindow)
 	for name, d := range map[string]time.Duration{"pending-timeout": c.PendingTimeout, "pending-retry": c.PendingRetry,
-		"preemption-notice": c.PreemptionNotice, "reconcile-interval": c.ReconcileInterval, "reconcile-age": c.ReconcileAge, "snapshot-max-age": c.SnapshotMaxAge, "aging-step": c.AgingStep, "outcome-ttl": c.OutcomeTTL} {
+		"preemption-notice": c.PreemptionNotice, "reconcile-interval": c.ReconcileInterval, "reconcile-age": c.ReconcileAge, "records-check": c.RecordsCheck, "snapshot-max-age": c.SnapshotMaxAge, "aging-step": c.AgingStep, "outcome-ttl": c.OutcomeTTL} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("scheduler.%s: must be positive, got %s", name, d))
 		}
@@ -207,12 +212,28 @@ func (s *Scheduler) Start(ctx context.Context, specs ...bus.Consumer) ([]service
 		return nil
 	})
 	parts := []service.Part{loop}
+	// The records are whole before the first delivery is handled; a
+	// check that fails here is repeated before each batch.
+	if err := s.ensureRecords(ctx); err != nil {
+		s.d.Log.WarnContext(ctx, "check scheduler records", "err", err)
+	}
+	checkCtx, stopCheck := context.WithCancel(context.WithoutCancel(ctx))
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		s.checkRecordsLoop(checkCtx)
+	}()
+	parts = append(parts, service.PartFunc(func(context.Context) error {
+		stopCheck()
+		<-checked
+		return nil
+	}))
 	// Deliveries come in batches of up to BatchSize, Concurrency in flight
 	// in all, so the loop has the next batch at hand while the previous
 	// one's events are being stored.
 	opts := bus.BatchOptions{MaxBatch: s.cfg.BatchSize, Concurrency: max(1, s.cfg.Concurrency/s.cfg.BatchSize), FastAck: true}
 	for _, spec := range specs {
-		sub, err := s.d.Bus.ConsumeBatch(ctx, spec, s.onBatch(s.Router()), opts)
+		sub, err := s.d.Bus.ConsumeBatch(ctx, spec, s.gated(s.onBatch(s.Router())), opts)
 		if err != nil {
 			for i := len(parts) - 1; i >= 0; i-- {
 				_ = parts[i].Stop(ctx)

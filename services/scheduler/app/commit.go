@@ -54,7 +54,11 @@ func (c *committer) work() {
 	for chunk := range c.chunks {
 		ps = ps[:0]
 		for _, j := range chunk {
-			ps = append(ps, placementOf(&j.Request, j.Placed))
+			p := placementOf(&j.Request, j.Placed)
+			// The store keeps the attempt: of a rental two nodes restore
+			// after a lost Redis, the later attempt stays.
+			p.Attempt = max(j.Attempt, 1)
+			ps = append(ps, p)
 		}
 		for i, r := range c.reserver.ReserveMany(c.ctx, ps) {
 			chunk[i].alloc, chunk[i].err = r.Allocation, r.Err

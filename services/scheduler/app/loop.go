@@ -46,13 +46,15 @@ func (s *Scheduler) Run(ctx context.Context) {
 			}
 		case <-tick.C:
 			s.refreshSpotPrices(ctx)
-			s.retryPending(ctx, false)
-			s.stopVictimsSoon(ctx)
+			s.onWholeRecords(func() {
+				s.retryPending(ctx, false)
+				s.stopVictimsSoon(ctx)
+			})
 		case <-reconcile.C:
 			s.reconcileSoon(ctx)
-			s.interruptPricedOutSoon(ctx)
+			s.onWholeRecords(func() { s.interruptPricedOutSoon(ctx) })
 		case <-s.kick:
-			s.retryPending(ctx, true)
+			s.onWholeRecords(func() { s.retryPending(ctx, true) })
 		}
 	}
 }

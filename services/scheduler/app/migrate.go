@@ -2,9 +2,9 @@ package app
 
 import (
 	"context"
-	"fmt"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/scheduler/history"
 	"github.com/shizu-gpu/shizu/services/scheduler/view"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
@@ -49,11 +49,7 @@ func (s *Scheduler) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating
 		// it next places.
 		s.view.Post(view.Fix{Node: a.NodeID, Rental: id})
 	}
-	req := &shizuv1.RentalRequested{
-		Meta: shizuv1.NewMeta(fmt.Sprintf("rental:%s:requeued:%d", id, ev.GetNextAttempt()), s.source,
-			ev.GetMeta().GetEventId(), id, ev.GetMeta().GetOccurredAt().AsTime()),
-		RentalId: id, TenantId: ev.GetTenantId(), Spec: ev.GetSpec(),
-	}
+	req := history.Requeued(ev, s.source)
 	r := requestOf(req)
 	if m := ev.GetFromGpuModel(); m != "" {
 		// Not a filter: the spec alone says what may be chosen; among

@@ -26,12 +26,19 @@ func (s *Scheduler) reconcileSoon(ctx context.Context) {
 	}
 	s.publishers.Go(func() {
 		defer s.reconciling.running.Store(false)
-		if n, err := s.reconcile(ctx); err != nil {
-			s.d.Log.WarnContext(ctx, "reconcile allocations", "err", err)
-		} else if n > 0 {
-			s.d.Log.WarnContext(ctx, "released allocations no live rental owns", "count", n)
-		}
+		// A pass runs on whole records only: one without the class records
+		// of the rentals that run would free their allocations.
+		s.onWholeRecords(func() { s.reconcilePass(ctx) })
 	})
+}
+
+// reconcilePass is one pass, logged.
+func (s *Scheduler) reconcilePass(ctx context.Context) {
+	if n, err := s.reconcile(ctx); err != nil {
+		s.d.Log.WarnContext(ctx, "reconcile allocations", "err", err)
+	} else if n > 0 {
+		s.d.Log.WarnContext(ctx, "released allocations no live rental owns", "count", n)
+	}
 }
 
 // reconcile is one pass; it returns how many allocations it released.

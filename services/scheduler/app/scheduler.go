@@ -90,6 +90,8 @@ type Scheduler struct {
 	// claimed is closed once the last round handed off has recorded its
 	// outcomes: rounds record in the order they placed (see finishRound).
 	claimed chan struct{}
+	// rebuild keeps decisions off records Redis lost (rebuild.go).
+	rebuild rebuild
 }
 
 // job is one request in a scheduling round: what the round decides on, and
@@ -136,7 +138,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Scheduler{
+	s := &Scheduler{
 		cfg: cfg, d: d, reserve: d.Store, rec: d.Records, pub: d.Publisher, market: d.Market, catalogue: catalogue,
 		plan: round.Config{Placer: pl, AgingStep: cfg.AgingStep, PendingTimeout: cfg.PendingTimeout,
 			PreemptionNotice: cfg.PreemptionNotice, Commitments: commitments},
@@ -147,7 +149,11 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 		source:     "scheduler",
 		metrics:    d.Metrics,
 		view:       view.New(cfg.WorkloadWindow),
-	}, nil
+	}
+	if m, ok := d.Records.(recordsMarker); ok && d.Bus != nil {
+		s.rebuild.marker = m
+	}
+	return s, nil
 }
 
 // Router returns the handlers of the scheduler's durable consumer.

@@ -25,6 +25,9 @@ import (
 //	<prefix>:sched:class                  hash    rental -> "<class>:<priority>" of placed rentals
 //	<prefix>:sched:pending                hash    rental -> pending entry JSON
 //	<prefix>:sched:preempt                hash    victim -> preemption JSON (until its stop is handled)
+//	<prefix>:sched:rebuilt                string  the RENTALS sequence the records were rebuilt up to;
+//	                                              written last (rebuild.go): without it the records
+//	                                              were lost and are rebuilt before anything is decided
 //
 // Each operation is one Redis command or one pipeline of independent
 // commands; the outcome claim is a single SET NX GET, so two replicas can

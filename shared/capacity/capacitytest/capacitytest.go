@@ -29,6 +29,10 @@ func Run(t *testing.T, newStore func(t *testing.T) capacity.Interface) {
 		{"a GPU that is not healthy takes no new work", health},
 		{"a node that holds allocations cannot be removed", remove},
 		{"input that fails validation is invalid and changes nothing", invalidInput},
+		{"a store has one generation from its first registration on", generation},
+		{"a restore brings a lost node back with its allocations in one step", restore},
+		{"a rental two nodes restore stays with the higher attempt", restoreMoved},
+		{"a restore whose allocations do not fit writes nothing", restoreMisfit},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.run(t, newStore(t)) })
 	}

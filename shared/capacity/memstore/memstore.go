@@ -25,6 +25,9 @@ type Store struct {
 	// index is each rental's live allocation: the very record its node
 	// holds, unless the node's copy was handed over.
 	index map[string]*capacity.Allocation
+	// generation is the store's generation id, "" until the first
+	// registration or restore (capacity.Store.Generation).
+	generation string
 }
 
 type node struct {
@@ -157,18 +160,32 @@ func misfit(spec capacity.Node, allocs map[string]*capacity.Allocation) string {
 }
 
 // Register records a node as capacity.Store.Register does.
-func (s *Store) Register(_ context.Context, n capacity.Node) (uint64, error) {
+func (s *Store) Register(ctx context.Context, n capacity.Node) (uint64, error) {
+	reg, err := s.Join(ctx, n)
+	return reg.Epoch, err
+}
+
+// Join is Register that also returns the store's generation, as
+// capacity.Store.Join.
+func (s *Store) Join(_ context.Context, n capacity.Node) (capacity.Registration, error) {
 	op := "register node " + n.ID
 	if err := n.Validate(); err != nil {
-		return 0, invalid(op, err)
+		return capacity.Registration{}, invalid(op, err)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ensureGeneration()
+	epoch, err := s.register(op, n)
+	return capacity.Registration{Epoch: epoch, Generation: s.generation}, err
+}
+
+// register is Register's step, with s.mu held.
+func (s *Store) register(op string, n capacity.Node) (uint64, error) {
 	spec := cloneNode(n)
 	key, err := json.Marshal(spec)
 	if err != nil {
 		return 0, invalid(op, err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	cur, ok := s.nodes[n.ID]
 	if !ok {
 		s.nodes[n.ID] = &node{spec: spec, specKey: string(key), status: capacity.StatusReady, epoch: 1,

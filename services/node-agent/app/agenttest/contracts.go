@@ -33,7 +33,9 @@ type (
 	// NodeRecords are the capacity store's records of one node: its
 	// registration, epoch and status, and the allocations it holds.
 	NodeRecords interface {
-		Register(ctx context.Context, n capacity.Node) (uint64, error)
+		Join(ctx context.Context, n capacity.Node) (capacity.Registration, error)
+		Restore(ctx context.Context, in capacity.RestoreInput) (capacity.RestoreResult, error)
+		Generation(ctx context.Context) (string, error)
 		Node(ctx context.Context, nodeID string) (capacity.NodeState, error)
 		Renew(ctx context.Context, rentalID, nodeID string, epoch uint64) error
 		SetStatus(ctx context.Context, nodeID string, status capacity.NodeStatus, expectedEpoch uint64) error
@@ -218,8 +220,8 @@ func RunNodeRecordsContract(t *testing.T, open func(t *testing.T) NodeRecordsUnd
 
 func registerNode(t *testing.T, r NodeRecords, id string, want uint64) {
 	t.Helper()
-	if epoch, err := r.Register(t.Context(), validNode(id)); err != nil || epoch != want {
-		t.Fatalf("register %s = epoch %d, %v; want %d", id, epoch, err, want)
+	if reg, err := r.Join(t.Context(), validNode(id)); err != nil || reg.Epoch != want || reg.Generation == "" {
+		t.Fatalf("register %s = %+v, %v; want epoch %d and the store's generation", id, reg, err, want)
 	}
 }
 

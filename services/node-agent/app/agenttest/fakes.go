@@ -164,6 +164,10 @@ type Capacity struct {
 	refuse func(method string) error
 	calls  []string
 	nodes  map[string]*storedNode
+	// generation is the store's generation ("" until a registration);
+	// lost counts Lose calls, to make each generation new.
+	generation string
+	lost       int
 }
 
 type storedNode struct {
@@ -213,6 +217,7 @@ func (c *Capacity) Register(_ context.Context, n capacity.Node) (uint64, error) 
 	if err := n.Validate(); err != nil {
 		return 0, fmt.Errorf("capacity: register node %s: %w", n.ID, err)
 	}
+	c.ensureGeneration()
 	s := c.nodes[n.ID]
 	if s == nil {
 		s = &storedNode{status: capacity.StatusReady, epoch: 1, allocs: map[string]uint64{}}
