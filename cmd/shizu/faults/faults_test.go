@@ -34,10 +34,6 @@ func scenarios() []scenario {
 // and violations are logged); remove an entry once its fix is merged.
 // The benchmark always runs and reports them.
 var knownFailures = map[string]string{
-	// The services do not yet rebuild the capacity store, nor metering
-	// its state, after losing Redis without persistence (branches
-	// i14-rebuild and i14-meterloss).
-	"redis-kill-no-persistence": "needs the Redis rebuild (issue 14 symptom 2)",
 }
 
 // TestFaults runs every scenario at the bounded size and checks the
