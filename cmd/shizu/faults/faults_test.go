@@ -33,8 +33,7 @@ func scenarios() []scenario {
 // bounded test runs them and skips each only when it fails (the figures
 // and violations are logged); remove an entry once its fix is merged.
 // The benchmark always runs and reports them.
-var knownFailures = map[string]string{
-}
+var knownFailures = map[string]string{}
 
 // TestFaults runs every scenario at the bounded size and checks the
 // invariants: every acked request has exactly one outcome, no GPU is
