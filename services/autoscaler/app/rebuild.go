@@ -97,7 +97,7 @@ func (s *scaler) rebuildState(ctx context.Context, js jetstream.JetStream) error
 		return err
 	}
 	replicas := NewPoolReplicas()
-	err = scanStream(ctx, js, topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) error {
+	err = bus.ScanStream(ctx, js, topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) error {
 		replicas.Fold(msg.Subject, msg.Data)
 		return nil
 	})
@@ -129,7 +129,7 @@ func (s *scaler) rebuildState(ctx context.Context, js jetstream.JetStream) error
 // last stored of each pool.
 func (s *scaler) rebuildDeclared(ctx context.Context, js jetstream.JetStream) (map[string]declaredPool, error) {
 	out := map[string]declaredPool{}
-	err := scanStream(ctx, js, topology.StreamScaling, subject.ScalePoolDeclaredAll, func(msg *jetstream.RawStreamMsg) error {
+	err := bus.ScanStream(ctx, js, topology.StreamScaling, subject.ScalePoolDeclaredAll, func(msg *jetstream.RawStreamMsg) error {
 		var ev shizuv1.PoolDeclared
 		if proto.Unmarshal(msg.Data, &ev) != nil || ev.Validate() != nil {
 			return nil
@@ -264,35 +264,4 @@ func poolSeq(rental, pool string) (int, bool) {
 	}
 	n, err := strconv.Atoi(rest)
 	return n, err == nil && n > 0
-}
-
-// scanStream calls fn on every message of a stream on subjects matching
-// filter, in order, up to the last one stored when the scan began.
-func scanStream(ctx context.Context, js jetstream.JetStream, name, filter string, fn func(*jetstream.RawStreamMsg) error) error {
-	stream, err := js.Stream(ctx, name)
-	if err != nil {
-		return fmt.Errorf("rebuild: stream %s: %w", name, err)
-	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("rebuild: stream %s: %w", name, err)
-	}
-	last := info.State.LastSeq
-	for seq := max(info.State.FirstSeq, 1); seq <= last && info.State.Msgs > 0; {
-		msg, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("rebuild: %s message %d: %w", name, seq, err)
-		}
-		if msg.Sequence > last {
-			return nil
-		}
-		if err := fn(msg); err != nil {
-			return err
-		}
-		seq = msg.Sequence + 1
-	}
-	return nil
 }

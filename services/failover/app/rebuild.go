@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -123,10 +122,10 @@ func (f *Failover) rebuildRecords(ctx context.Context, owner string) error {
 func (f *Failover) replayRentals(ctx context.Context) (*migrate.Records, int, error) {
 	out := migrate.NewRecords()
 	n := 0
-	err := scanStream(ctx, f.d.Bus.JetStream(), topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) {
+	err := bus.ScanStream(ctx, f.d.Bus.JetStream(), topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) error {
 		event, ok := bus.EventOn(msg.Subject)
 		if !ok {
-			return
+			return nil
 		}
 		n++
 		switch event {
@@ -155,6 +154,7 @@ func (f *Failover) replayRentals(ctx context.Context) (*migrate.Records, int, er
 				out.Migrated(ev.GetRentalId(), migratedAttempt(ev))
 			}
 		}
+		return nil
 	})
 	return out, n, err
 }
@@ -246,33 +246,4 @@ func (f *Failover) watchRecords(ctx context.Context, _ time.Time) {
 	if err := f.ensureRecords(ctx); err != nil && ctx.Err() == nil {
 		f.d.Log.ErrorContext(ctx, "failover records recovery failed; retrying", "err", err)
 	}
-}
-
-// scanStream calls fn on every message of a stream on subjects matching
-// filter, in order, up to the last one stored when the scan began.
-func scanStream(ctx context.Context, js jetstream.JetStream, name, filter string, fn func(*jetstream.RawStreamMsg)) error {
-	stream, err := js.Stream(ctx, name)
-	if err != nil {
-		return fmt.Errorf("rebuild: stream %s: %w", name, err)
-	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("rebuild: stream %s: %w", name, err)
-	}
-	last := info.State.LastSeq
-	for seq := max(info.State.FirstSeq, 1); seq <= last && info.State.Msgs > 0; {
-		msg, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("rebuild: %s message %d: %w", name, seq, err)
-		}
-		if msg.Sequence > last {
-			return nil
-		}
-		fn(msg)
-		seq = msg.Sequence + 1
-	}
-	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"time"
 
@@ -188,7 +187,7 @@ type StoreRebuild struct {
 func RebuildStore(ctx context.Context, m *Meter, store *redisstore.Store) (StoreRebuild, error) {
 	var res StoreRebuild
 	js := m.conn.JetStream()
-	err := scan(ctx, js, topology.StreamMarket, subject.SpotPriceChangedAll, func(msg *jetstream.RawStreamMsg) error {
+	err := bus.ScanStream(ctx, js, topology.StreamMarket, subject.SpotPriceChangedAll, func(msg *jetstream.RawStreamMsg) error {
 		var ev shizuv1.SpotPriceChanged
 		if proto.Unmarshal(msg.Data, &ev) != nil || ev.Validate() != nil {
 			return nil // dead-lettered by the live consumer
@@ -231,7 +230,7 @@ func (m *Meter) replayRentals(ctx context.Context, replay *ledger.Replay) (int, 
 		}
 	}
 	n := 0
-	err := scan(ctx, m.conn.JetStream(), topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) error {
+	err := bus.ScanStream(ctx, m.conn.JetStream(), topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) error {
 		if !matchesAny(filters, msg.Subject) {
 			return nil
 		}
@@ -279,7 +278,7 @@ func replayed(msg *jetstream.RawStreamMsg) (bus.Delivery, bool) {
 // scanBilling notes every usage record on BILLING in replay (the
 // cursors) and restores the budget thresholds alerted.
 func scanBilling(ctx context.Context, js jetstream.JetStream, store *redisstore.Store, replay *ledger.Replay, res *StoreRebuild) error {
-	return scan(ctx, js, topology.StreamBilling, subject.UsageAll, func(msg *jetstream.RawStreamMsg) error {
+	return bus.ScanStream(ctx, js, topology.StreamBilling, subject.UsageAll, func(msg *jetstream.RawStreamMsg) error {
 		switch {
 		case subject.Matches(subject.UsageRecordedAll, msg.Subject):
 			var ev shizuv1.UsageRecorded
@@ -302,37 +301,6 @@ func scanBilling(ctx context.Context, js jetstream.JetStream, store *redisstore.
 		}
 		return nil
 	})
-}
-
-// scan calls fn on every message of a stream on subjects matching filter,
-// in order, up to the last one stored when the scan began.
-func scan(ctx context.Context, js jetstream.JetStream, name, filter string, fn func(*jetstream.RawStreamMsg) error) error {
-	stream, err := js.Stream(ctx, name)
-	if err != nil {
-		return fmt.Errorf("rebuild: stream %s: %w", name, err)
-	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("rebuild: stream %s: %w", name, err)
-	}
-	last := info.State.LastSeq
-	for seq := max(info.State.FirstSeq, 1); seq <= last && info.State.Msgs > 0; {
-		msg, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("rebuild: %s message %d: %w", name, seq, err)
-		}
-		if msg.Sequence > last {
-			return nil
-		}
-		if err := fn(msg); err != nil {
-			return err
-		}
-		seq = msg.Sequence + 1
-	}
-	return nil
 }
 
 func matchesAny(filters []string, subj string) bool {

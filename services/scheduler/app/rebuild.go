@@ -105,7 +105,7 @@ func (s *Scheduler) gated(h bus.BatchHandlerFunc) bus.BatchHandlerFunc {
 		if err := s.ensureRecords(ctx); err != nil {
 			errs := make([]error, len(ds))
 			for i := range errs {
-				errs[i] = fault.Unavailable("scheduler records not whole: %v", err)
+				errs[i] = fault.Unavailable("scheduler records not whole: %w", err)
 			}
 			return errs
 		}
