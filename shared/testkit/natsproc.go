@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,8 +35,7 @@ type NATSProcess struct {
 
 	bin, conf string
 	port      int
-	cmd       *exec.Cmd
-	exited    chan struct{}
+	proc      serverProcess
 	log       *os.File
 }
 
@@ -82,60 +80,29 @@ func (n *NATSProcess) Start(t testing.TB) {
 	for _, u := range append(topology.Users(), topology.SystemUsers()...) {
 		env = append(env, topology.PasswordVar(u.Name)+"="+Password(u.Name))
 	}
-	var last error
-	for range 50 {
+	err := n.proc.start(func() *exec.Cmd {
 		cmd := exec.Command(n.bin, "-c", n.conf)
 		cmd.Env, cmd.Stdout, cmd.Stderr = env, n.log, n.log
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("testkit: start nats-server: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		n.cmd, n.exited = cmd, exited
-		if last = n.waitReady(exited); last == nil {
-			return
-		}
-		_ = cmd.Process.Kill()
-		<-exited
-		n.cmd = nil
-		time.Sleep(100 * time.Millisecond)
+		return cmd
+	}, n.waitReady)
+	if err != nil {
+		t.Fatalf("testkit: nats-server on %s (log %s): %v", n.URL, n.log.Name(), err)
 	}
-	t.Fatalf("testkit: nats-server on %s (log %s): %v", n.URL, n.log.Name(), last)
 }
 
 // waitReady waits until a client can connect as the admin user.
 func (n *NATSProcess) waitReady(exited <-chan struct{}) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	return serving(exited, func() error {
 		nc, err := nats.Connect(n.URL, nats.UserInfo(topology.Admin, Password(topology.Admin)), nats.Timeout(time.Second))
 		if err == nil {
 			nc.Close()
-			return nil
 		}
-		select {
-		case <-exited:
-			return fmt.Errorf("exited before accepting clients: %w", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not accepting clients within 15 s: %w", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // Running reports whether the process is alive.
-func (n *NATSProcess) Running() bool {
-	if n.cmd == nil {
-		return false
-	}
-	select {
-	case <-n.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (n *NATSProcess) Running() bool { return n.proc.running() }
 
 // Kill SIGKILLs the server (no shutdown, no final fsync: what a crash
 // does) and reaps it. Its store stays for Start.
@@ -144,9 +111,7 @@ func (n *NATSProcess) Kill(t testing.TB) {
 	if !n.Running() {
 		return
 	}
-	_ = n.cmd.Process.Signal(syscall.SIGKILL)
-	<-n.exited
-	n.cmd = nil
+	n.proc.kill()
 	// Nothing may answer on the port until Start: the clients' reconnects
 	// must fail, as they would against a dead host.
 	for range 100 {

@@ -2,12 +2,10 @@ package testkit
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,10 +25,9 @@ type RedisProcess struct {
 	// Persistent says whether the server keeps an AOF.
 	Persistent bool
 
-	bin    string
-	port   int
-	cmd    *exec.Cmd
-	exited chan struct{}
+	bin  string
+	port int
+	proc serverProcess
 }
 
 // StartRedisProcess starts redis-server on a free loopback port with its
@@ -68,71 +65,31 @@ func (r *RedisProcess) Start(t testing.TB) {
 	if r.Persistent {
 		aof = "yes"
 	}
-	var last error
-	for range 50 {
-		cmd := exec.Command(r.bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(r.port),
+	err := r.proc.start(func() *exec.Cmd {
+		return exec.Command(r.bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(r.port),
 			"--save", "", "--appendonly", aof, "--appendfsync", "always", "--dir", r.Dir,
 			"--daemonize", "no", "--loglevel", "warning", "--logfile", filepath.Join(r.Dir, "redis-server.log"))
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("testkit: start redis-server: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		r.cmd, r.exited = cmd, exited
-		if last = r.waitPing(t, exited); last == nil {
-			return
-		}
-		_ = cmd.Process.Kill()
-		<-exited
-		r.cmd = nil
-		time.Sleep(100 * time.Millisecond)
+	}, func(exited <-chan struct{}) error { return r.waitPing(t, exited) })
+	if err != nil {
+		t.Fatalf("testkit: redis-server on %s (log in %s): %v", r.Addr, r.Dir, err)
 	}
-	t.Fatalf("testkit: redis-server on %s (log in %s): %v", r.Addr, r.Dir, last)
 }
 
 func (r *RedisProcess) waitPing(t testing.TB, exited <-chan struct{}) error {
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
 	defer rdb.Close()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	return serving(exited, func() error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 500*time.Millisecond)
-		err := rdb.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("exited: %w", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no PONG within 15 s: %w", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		defer cancel()
+		return rdb.Ping(ctx).Err()
+	})
 }
 
 // Running reports whether the process is alive.
-func (r *RedisProcess) Running() bool {
-	if r.cmd == nil {
-		return false
-	}
-	select {
-	case <-r.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (r *RedisProcess) Running() bool { return r.proc.running() }
 
 // Kill SIGKILLs the server and reaps it.
 func (r *RedisProcess) Kill(t testing.TB) {
 	t.Helper()
-	if !r.Running() {
-		return
-	}
-	_ = r.cmd.Process.Signal(syscall.SIGKILL)
-	<-r.exited
-	r.cmd = nil
+	r.proc.kill()
 }
