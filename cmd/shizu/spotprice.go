@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/metering/pricing"
 	"github.com/shizu-gpu/shizu/shared/rent"
 	"github.com/shizu-gpu/shizu/shared/subject"
 )
@@ -41,8 +42,13 @@ var spotPriceVerb = verb{
 				return err
 			}
 			defer conn.Close(context.WithoutCancel(ctx))
-			if _, err := conn.Publish(ctx, subj, ev); err != nil {
+			ack, err := conn.Publish(ctx, subj, ev)
+			if err != nil {
 				return fmt.Errorf("publish spot price: %w", err)
+			}
+			if ack.Duplicate {
+				return fmt.Errorf("a price for %s in %s effective at %s was published already (the stream keeps the first; pick another -at)",
+					ev.GetModel(), ev.GetZone(), ev.GetEffectiveAt().AsTime().Format(time.RFC3339))
 			}
 			if cf.output == "json" {
 				return printJSON(stdout, map[string]any{"event_id": ev.GetMeta().GetEventId(), "zone": ev.GetZone(), "model": ev.GetModel(),
@@ -68,15 +74,30 @@ func spotPriceChanged(args []string, currency, at string, now time.Time) (*shizu
 	if err != nil {
 		return nil, "", usagef("price: %w", err)
 	}
+	subj, err := subject.Format(subject.SpotPriceChanged, zone, model)
+	if err != nil {
+		return nil, "", usagef("zone or model: %w", err)
+	}
+	// What metering would refuse to bill by is refused here, with the reason.
+	cat, err := pricing.Shipped()
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := cat.Type(model); err != nil {
+		return nil, "", usagef("model %q is not in the price catalogue; models: %s", model, strings.Join(cat.Models(), ", "))
+	}
+	if currency != cat.Currency {
+		return nil, "", usagef("-currency %s: the catalogue prices in %s", currency, cat.Currency)
+	}
+	if micros > pricing.MaxPriceMicros {
+		return nil, "", usagef("price %s is above the most a GPU-hour may cost (%d)", args[2], int64(pricing.MaxPriceMicros/rent.MicrosPerUnit))
+	}
 	effective := now.UTC().Truncate(time.Second)
 	if at != "" {
 		if effective, err = time.Parse(time.RFC3339, at); err != nil {
 			return nil, "", usagef("-at: %w", err)
 		}
-	}
-	subj, err := subject.Format(subject.SpotPriceChanged, zone, model)
-	if err != nil {
-		return nil, "", usagef("zone or model: %w", err)
+		effective = effective.UTC().Truncate(time.Second) // as its event id names it
 	}
 	ev := &shizuv1.SpotPriceChanged{
 		Meta:  shizuv1.NewMeta(fmt.Sprintf("spot:%s:%s:%s", zone, model, effective.UTC().Format(time.RFC3339)), cliSource, "", zone, now),

@@ -97,7 +97,7 @@ func (s *scaler) rebuildState(ctx context.Context, js jetstream.JetStream) error
 		return err
 	}
 	replicas := NewPoolReplicas()
-	err = bus.ScanStream(ctx, js, topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) error {
+	_, err = bus.ScanStream(ctx, js, topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) error {
 		replicas.Fold(msg.Subject, msg.Data)
 		return nil
 	})
@@ -129,7 +129,7 @@ func (s *scaler) rebuildState(ctx context.Context, js jetstream.JetStream) error
 // last stored of each pool.
 func (s *scaler) rebuildDeclared(ctx context.Context, js jetstream.JetStream) (map[string]declaredPool, error) {
 	out := map[string]declaredPool{}
-	err := bus.ScanStream(ctx, js, topology.StreamScaling, subject.ScalePoolDeclaredAll, func(msg *jetstream.RawStreamMsg) error {
+	_, err := bus.ScanStream(ctx, js, topology.StreamScaling, subject.ScalePoolDeclaredAll, func(msg *jetstream.RawStreamMsg) error {
 		var ev shizuv1.PoolDeclared
 		if proto.Unmarshal(msg.Data, &ev) != nil || ev.Validate() != nil {
 			return nil

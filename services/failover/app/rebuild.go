@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -112,7 +113,14 @@ func (f *Failover) rebuildRecords(ctx context.Context, owner string) error {
 		"placements", len(rebuilt.Placements()), "moves", len(rebuilt.Moves()))
 	for _, ev := range rebuilt.Completions() {
 		if err := f.onStarted(ctx, ev, bus.Delivery{MsgID: ev.GetMeta().GetEventId()}); err != nil {
-			return err
+			// The marker says the records are whole; without the moves
+			// left to complete they are not. Removed, the next check
+			// rebuilds again (idempotent) and completes them then.
+			f.ready.Store(false)
+			if derr := rec.rdb.Del(context.WithoutCancel(ctx), rec.markerKey()).Err(); derr != nil {
+				err = errors.Join(err, derr)
+			}
+			return unavailable("complete the moves after the rebuild", err)
 		}
 	}
 	return nil
@@ -122,7 +130,7 @@ func (f *Failover) rebuildRecords(ctx context.Context, owner string) error {
 func (f *Failover) replayRentals(ctx context.Context) (*migrate.Records, int, error) {
 	out := migrate.NewRecords()
 	n := 0
-	err := bus.ScanStream(ctx, f.d.Bus.JetStream(), topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) error {
+	_, err := bus.ScanStream(ctx, f.d.Bus.JetStream(), topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) error {
 		event, ok := bus.EventOn(msg.Subject)
 		if !ok {
 			return nil

@@ -52,8 +52,19 @@ func NewRecovery(m *Meter, store *redisstore.Store) *Recovery {
 // another one did.
 func (r *Recovery) Ensure(ctx context.Context) (bool, error) {
 	ready, err := r.store.Ready(ctx)
-	if err != nil || ready {
+	if err != nil {
 		return false, err
+	}
+	if ready {
+		// Consumers a rebuild paused and could not start again (or that
+		// another replica's rebuild left paused) are started now: the
+		// marker alone would never bring them back.
+		if r.m.subs != nil {
+			if err := r.m.subs.resume(); err != nil {
+				return false, fmt.Errorf("resume consumers: %w", err)
+			}
+		}
+		return false, nil
 	}
 	r.m.log.WarnContext(ctx, "metering store lost (its marker is missing): pausing and rebuilding from the streams")
 	if r.m.subs != nil {
@@ -187,7 +198,7 @@ type StoreRebuild struct {
 func RebuildStore(ctx context.Context, m *Meter, store *redisstore.Store) (StoreRebuild, error) {
 	var res StoreRebuild
 	js := m.conn.JetStream()
-	err := bus.ScanStream(ctx, js, topology.StreamMarket, subject.SpotPriceChangedAll, func(msg *jetstream.RawStreamMsg) error {
+	_, err := bus.ScanStream(ctx, js, topology.StreamMarket, subject.SpotPriceChangedAll, func(msg *jetstream.RawStreamMsg) error {
 		var ev shizuv1.SpotPriceChanged
 		if proto.Unmarshal(msg.Data, &ev) != nil || ev.Validate() != nil {
 			return nil // dead-lettered by the live consumer
@@ -230,7 +241,7 @@ func (m *Meter) replayRentals(ctx context.Context, replay *ledger.Replay) (int, 
 		}
 	}
 	n := 0
-	err := bus.ScanStream(ctx, m.conn.JetStream(), topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) error {
+	_, err := bus.ScanStream(ctx, m.conn.JetStream(), topology.StreamRentals, subject.RentalAll, func(msg *jetstream.RawStreamMsg) error {
 		if !matchesAny(filters, msg.Subject) {
 			return nil
 		}
@@ -278,7 +289,7 @@ func replayed(msg *jetstream.RawStreamMsg) (bus.Delivery, bool) {
 // scanBilling notes every usage record on BILLING in replay (the
 // cursors) and restores the budget thresholds alerted.
 func scanBilling(ctx context.Context, js jetstream.JetStream, store *redisstore.Store, replay *ledger.Replay, res *StoreRebuild) error {
-	return bus.ScanStream(ctx, js, topology.StreamBilling, subject.UsageAll, func(msg *jetstream.RawStreamMsg) error {
+	_, err := bus.ScanStream(ctx, js, topology.StreamBilling, subject.UsageAll, func(msg *jetstream.RawStreamMsg) error {
 		switch {
 		case subject.Matches(subject.UsageRecordedAll, msg.Subject):
 			var ev shizuv1.UsageRecorded
@@ -301,6 +312,7 @@ func scanBilling(ctx context.Context, js jetstream.JetStream, store *redisstore.
 		}
 		return nil
 	})
+	return err
 }
 
 func matchesAny(filters []string, subj string) bool {

@@ -52,13 +52,8 @@ type rebuild struct {
 	whole atomic.Bool
 }
 
-// rebuildWindow is how many stream messages are read at once, by
-// rebuildReaders concurrent requests.
-const (
-	rebuildWindow  = 1024
-	rebuildReaders = 64
-	claimChunk     = 500
-)
+// claimChunk bounds the outcomes one claim call restores.
+const claimChunk = 500
 
 // ensureRecords checks the marker and, when it is missing, rebuilds the
 // records (once, whatever the number of callers waiting).
@@ -202,30 +197,9 @@ func (s *Scheduler) replayHandled(ctx context.Context, stream string, use func(*
 }
 
 // replay hands every message of stream, in stream order, to use, and
-// returns the last sequence it read. It reads by sequence (the
-// scheduler's NATS user may get any message of the streams it consumes,
-// not create consumers on them), many at once.
+// returns the last sequence it read.
 func (s *Scheduler) replay(ctx context.Context, stream string, use func(*jetstream.RawStreamMsg) error) (uint64, error) {
-	st, err := s.d.Bus.JetStream().Stream(ctx, stream)
-	if err != nil {
-		return 0, err
-	}
-	state := st.CachedInfo().State
-	if state.Msgs == 0 {
-		return state.LastSeq, nil
-	}
-	for from := state.FirstSeq; from <= state.LastSeq; from += rebuildWindow {
-		msgs, err := readWindow(ctx, st, from, min(state.LastSeq, from+rebuildWindow-1))
-		if err != nil {
-			return 0, err
-		}
-		for _, m := range msgs {
-			if err := use(m); err != nil {
-				return 0, err
-			}
-		}
-	}
-	return state.LastSeq, nil
+	return bus.ScanStream(ctx, s.d.Bus.JetStream(), stream, ">", use)
 }
 
 // restoreSpotPrices records again every spot price of the MARKET stream
@@ -245,34 +219,6 @@ func (s *Scheduler) restoreSpotPrices(ctx context.Context) error {
 		return err
 	})
 	return err
-}
-
-// readWindow gets the messages from..to of st, concurrently; deleted
-// ones are left out.
-func readWindow(ctx context.Context, st jetstream.Stream, from, to uint64) ([]*jetstream.RawStreamMsg, error) {
-	msgs := make([]*jetstream.RawStreamMsg, to-from+1)
-	errs := make([]error, len(msgs))
-	next := atomic.Uint64{}
-	var wg sync.WaitGroup
-	for range min(rebuildReaders, len(msgs)) {
-		wg.Go(func() {
-			for i := next.Add(1) - 1; i < uint64(len(msgs)); i = next.Add(1) - 1 {
-				msgs[i], errs[i] = st.GetMsg(ctx, from+i)
-			}
-		})
-	}
-	wg.Wait()
-	out := msgs[:0]
-	for i, m := range msgs {
-		switch {
-		case errors.Is(errs[i], jetstream.ErrMsgNotFound):
-		case errs[i] != nil:
-			return nil, fmt.Errorf("read rentals stream at %d: %w", from+uint64(i), errs[i])
-		default:
-			out = append(out, m)
-		}
-	}
-	return out, nil
 }
 
 // rentalEvent decodes the rental events the fold reads; nil for the rest
@@ -389,7 +335,8 @@ func (s *Scheduler) restorePending(ctx context.Context, pending []history.Pendin
 		var entries []ports.PendingEntry
 		for i, p := range chunk {
 			if !decided[i] {
-				entries = append(entries, ports.PendingEntry{Event: p.Event, Reason: p.Reason, Attempt: p.Attempt})
+				entries = append(entries, ports.PendingEntry{Event: p.Event, Reason: p.Reason, Attempt: p.Attempt,
+					PreferredModels: p.PreferredModels})
 			}
 		}
 		if err := s.rec.PutPending(ctx, entries); err != nil {

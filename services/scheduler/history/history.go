@@ -42,6 +42,7 @@ type Fold struct {
 
 type rental struct {
 	requests map[int32]*shizuv1.RentalRequested // by attempt
+	prefer   map[int32]string                   // by attempt: a moved rental's model (from_gpu_model)
 	latest   int32                              // the latest attempt requested
 	outcomes map[int32]string                   // by attempt: round.Outcome*
 	reason   shizuv1.PendingReason              // why the latest attempt waits
@@ -64,7 +65,7 @@ func New(source string) *Fold {
 func (f *Fold) rental(id string) *rental {
 	r, ok := f.rentals[id]
 	if !ok {
-		r = &rental{requests: map[int32]*shizuv1.RentalRequested{}, outcomes: map[int32]string{}}
+		r = &rental{requests: map[int32]*shizuv1.RentalRequested{}, outcomes: map[int32]string{}, prefer: map[int32]string{}}
 		f.rentals[id] = r
 		f.order = append(f.order, id)
 	}
@@ -96,6 +97,9 @@ func (f *Fold) Add(ev proto.Message) {
 		r := f.rental(e.GetRentalId())
 		if _, ok := r.requests[e.GetNextAttempt()]; !ok {
 			r.requests[e.GetNextAttempt()] = Requeued(e, f.source)
+			if m := e.GetFromGpuModel(); m != "" {
+				r.prefer[e.GetNextAttempt()] = m
+			}
 		}
 		if e.GetNextAttempt() > r.latest {
 			r.latest, r.reason = e.GetNextAttempt(), shizuv1.PendingReason_PENDING_REASON_UNSPECIFIED
@@ -142,6 +146,8 @@ type Pending struct {
 	Event   *shizuv1.RentalRequested
 	Attempt int32
 	Reason  shizuv1.PendingReason // as its RentalPending said
+	// PreferredModels: a moved rental's model, as onMigrating prefers it.
+	PreferredModels []string
 }
 
 // Preemption is a running spot rental preempted for another (its
@@ -189,7 +195,11 @@ func (f *Fold) Records() Records {
 		// not is still the consumer's, and is delivered (again).
 		reported := r.reason != shizuv1.PendingReason_PENDING_REASON_UNSPECIFIED
 		if _, decided := r.outcomes[r.latest]; !decided && reported && r.requests[r.latest] != nil {
-			out.Pending = append(out.Pending, Pending{Event: r.requests[r.latest], Attempt: r.latest, Reason: r.reason})
+			p := Pending{Event: r.requests[r.latest], Attempt: r.latest, Reason: r.reason}
+			if m := r.prefer[r.latest]; m != "" {
+				p.PreferredModels = []string{m}
+			}
+			out.Pending = append(out.Pending, p)
 		}
 	}
 	return out

@@ -145,6 +145,12 @@ func TestAWaitingRequestKeepsItsOriginalEvent(t *testing.T) {
 		!proto.Equal(ev.GetSpec(), requested("c").GetSpec()) {
 		t.Fatalf("moved rental waits as %v; want the requeued request of attempt 2 at the move's time", ev)
 	}
+	m := migrating("e", 2)
+	m.FromGpuModel = "A100-SXM4-80GB"
+	preferring := fold(requested("e"), scheduled("e", 1), stopped("e", 1), m, pending("e", shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY))
+	if got := preferring.Pending[0].PreferredModels; len(got) != 1 || got[0] != "A100-SXM4-80GB" {
+		t.Fatalf("a moved rental rebuilt pending prefers %v; want the model it ran on", got)
+	}
 	if d := fold(requested("d"), scheduled("d", 1)).Decided[0]; d.Request.GetRentalId() != "d" || d.Outcome != round.OutcomeScheduled {
 		t.Fatalf("decided %+v; want d's request with it", d)
 	}
