@@ -76,7 +76,7 @@ type env struct {
 	proj  *rentalview.Projector
 }
 
-func setup(t *testing.T) env {
+func setup(t testing.TB) env {
 	t.Helper()
 	ctx := context.Background()
 	_, js := testkit.StartNATS(t).JetStream(t)
