@@ -139,19 +139,19 @@ func (e env) run(t *testing.T) {
 // bound on a hang, not a speed check.
 func (e env) await(t *testing.T, tenant, rental string, ok func(*rentalview.Rental) bool) *rentalview.Rental {
 	t.Helper()
-	var last *rentalview.Rental
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	var got *rentalview.Rental
+	testkit.Eventually(t, time.Minute, func() error {
 		r, err := e.store.Get(context.Background(), tenant, rental)
-		if err == nil && ok(r) {
-			return r
+		if err != nil {
+			return err
 		}
-		if err != nil && !errors.Is(err, rentalview.ErrNotFound) {
-			t.Fatal(err)
+		if !ok(r) {
+			return fmt.Errorf("%s/%s is %+v", tenant, rental, r)
 		}
-		last = r
-	}
-	t.Fatalf("%s/%s never got there; last %+v", tenant, rental, last)
-	return nil
+		got = r
+		return nil
+	})
+	return got
 }
 
 func inState(s string) func(*rentalview.Rental) bool {
