@@ -66,7 +66,7 @@ func BenchmarkGet(b *testing.B) {
 			b.Logf("%d events: Get p99 %v, bare KV Get p99 %v", n, p99[n], pct(kvGets, 99))
 			if n == 1_000_000 && p99[1_000] > 0 {
 				b.Logf("Get p99: 1k events %v, 1M events %v, ratio %.2f; bare KV Get p99 (1M run) %v",
-			p99[1_000], p99[1_000_000], float64(p99[1_000_000])/float64(p99[1_000]), bare)
+					p99[1_000], p99[1_000_000], float64(p99[1_000_000])/float64(p99[1_000]), bare)
 			}
 		})
 	}
