@@ -100,17 +100,17 @@ func constraints(r *Request) []constraint {
 	return []constraint{
 		{r.Zone != "", func(_ Catalogue, h host) bool { return h.inZone(r.Zone) },
 			func(_ Catalogue, left []host) string {
-				return fmt.Sprintf("zone %q: no node or instance type the autoscaler may provision is in that zone (zones: %s)",
-					r.Zone, list(left, func(h host) []string { return h.zones() }))
+				return fmt.Sprintf("zone %q: no node%s is in that zone (zones: %s)",
+					r.Zone, orOffer(left), list(left, func(h host) []string { return h.zones() }))
 			}},
 		{r.Market != rent.AnyMarket, func(_ Catalogue, h host) bool { return h.node == nil || h.node.Market == r.Market },
 			func(_ Catalogue, _ []host) string {
-				return fmt.Sprintf("market %s: no node %sis bought %s, and the autoscaler may provision none", r.Market, where(r), r.Market)
+				return fmt.Sprintf("market %s: no node%s is bought %s, and the autoscaler may provision none", r.Market, where(r), r.Market)
 			}},
 		{len(r.Models) > 0, func(_ Catalogue, h host) bool { return slices.Contains(r.Models, h.model()) },
 			func(_ Catalogue, left []host) string {
-				return fmt.Sprintf("GPU model %s: no node %sor instance type the autoscaler may provision has it (models: %s)",
-					strings.Join(r.Models, " or "), where(r), list(left, func(h host) []string { return []string{h.model()} }))
+				return fmt.Sprintf("GPU model %s: no node%s%s has it (models: %s)",
+					strings.Join(r.Models, " or "), where(r), orOffer(left), list(left, func(h host) []string { return []string{h.model()} }))
 			}},
 		{r.TEE, func(c Catalogue, h host) bool {
 			if h.node != nil {
@@ -136,8 +136,8 @@ func constraints(r *Request) []constraint {
 				for _, h := range left {
 					most = max(most, h.gpus())
 				}
-				return fmt.Sprintf("needs %d GPUs on one node; the largest node %sor instance type the autoscaler may provision has %d",
-					r.GPUCount, scope(r), most)
+				return fmt.Sprintf("needs %d GPUs on one node; the largest node%s%s has %d",
+					r.GPUCount, scope(r), orOffer(left), most)
 			}},
 		{r.NVLink, func(c Catalogue, h host) bool { return h.nvlinkGPUs(c) >= r.GPUCount },
 			func(c Catalogue, left []host) string {
@@ -149,7 +149,7 @@ func constraints(r *Request) []constraint {
 			}},
 		{r.MIGProfile != "", func(c Catalogue, h host) bool { return h.hasMIG(c, r.MIGProfile) },
 			func(_ Catalogue, _ []host) string {
-				return fmt.Sprintf("MIG profile %s: no node %shas a GPU with a MIG instance of that profile, and no instance type the autoscaler may provision can have one",
+				return fmt.Sprintf("MIG profile %s: no node%s has a GPU with a MIG instance of that profile, and no instance type the autoscaler may provision can have one",
 					r.MIGProfile, scope(r))
 			}},
 		{r.VRAMMiB > 0 && r.MIGProfile == "", func(c Catalogue, h host) bool { return h.maxVRAM(c) >= r.VRAMMiB },
@@ -158,7 +158,8 @@ func constraints(r *Request) []constraint {
 				for _, h := range left {
 					most = max(most, h.maxVRAM(c))
 				}
-				return fmt.Sprintf("GPU memory: needs %d MiB per GPU; the most any node %sor instance type has is %d MiB", r.VRAMMiB, scope(r), most)
+				return fmt.Sprintf("GPU memory: needs %d MiB per GPU; the most any node%s%s has is %d MiB",
+					r.VRAMMiB, scope(r), orOffer(left), most)
 			}},
 		{r.CPUMilli > 0, func(_ Catalogue, h host) bool { return h.node == nil || h.node.CPUMilli >= r.CPUMilli },
 			func(_ Catalogue, left []host) string {
@@ -166,7 +167,7 @@ func constraints(r *Request) []constraint {
 				for _, h := range left {
 					most = max(most, h.node.CPUMilli)
 				}
-				return fmt.Sprintf("host CPU: needs %s cores on one node; the largest node %shas %s", cores(r.CPUMilli), scope(r), cores(most))
+				return fmt.Sprintf("host CPU: needs %s cores on one node; the largest node%s has %s", cores(r.CPUMilli), scope(r), cores(most))
 			}},
 		{r.MemoryMiB > 0, func(_ Catalogue, h host) bool { return h.node == nil || h.node.MemoryMiB >= r.MemoryMiB },
 			func(_ Catalogue, left []host) string {
@@ -174,7 +175,7 @@ func constraints(r *Request) []constraint {
 				for _, h := range left {
 					most = max(most, h.node.MemoryMiB)
 				}
-				return fmt.Sprintf("host memory: needs %d MiB on one node; the largest node %shas %d MiB", r.MemoryMiB, scope(r), most)
+				return fmt.Sprintf("host memory: needs %d MiB on one node; the largest node%s has %d MiB", r.MemoryMiB, scope(r), most)
 			}},
 	}
 }
@@ -251,26 +252,34 @@ func noneOf(left []host, r *Request) string {
 	if r.Zone != "" {
 		s += fmt.Sprintf(" in zone %q", r.Zone)
 	}
-	if offers(left) {
-		s += " or instance type the autoscaler may provision"
-	}
-	return s
+	return s + orOffer(left)
 }
 
-// scope narrows "the largest node" to the request's zone and models.
+// orOffer is " or instance type the autoscaler may provision" when hs
+// has an offer.
+func orOffer(hs []host) string {
+	if offers(hs) {
+		return " or instance type the autoscaler may provision"
+	}
+	return ""
+}
+
+// scope narrows "the largest node" to the request's models and zone:
+// "" or " of X in zone \"z\"".
 func scope(r *Request) string {
 	s := ""
 	if len(r.Models) > 0 {
-		s += "of " + strings.Join(r.Models, " or ") + " "
+		s += " of " + strings.Join(r.Models, " or ")
 	}
 	return s + where(r)
 }
 
+// where is " in zone \"z\"" for a request that names a zone, else "".
 func where(r *Request) string {
 	if r.Zone == "" {
 		return ""
 	}
-	return fmt.Sprintf("in zone %q ", r.Zone)
+	return fmt.Sprintf(" in zone %q", r.Zone)
 }
 
 func offers(hs []host) bool {

@@ -41,17 +41,17 @@ func TestUnsatisfiableNamesTheConstraintNoNodeOrInstanceTypeMeets(t *testing.T) 
 		want   string // "" when it could be placed; else a part of the reason
 	}{
 		{"fits an H100 node", nodes, nil, req("ok", gpus(8)), ""},
-		{"GPU count", nodes, nil, req("r", gpus(9)), "needs 9 GPUs on one node; the largest node or instance type the autoscaler may provision has 8"},
-		{"GPU count of a model", nodes, nil, req("r", gpus(5), models("RTX4090-24GB")), "needs 5 GPUs on one node; the largest node of RTX4090-24GB or instance type the autoscaler may provision has 4"},
+		{"GPU count", nodes, nil, req("r", gpus(9)), "needs 9 GPUs on one node; the largest node has 8"},
+		{"GPU count of a model", nodes, nil, req("r", gpus(5), models("RTX4090-24GB")), "needs 5 GPUs on one node; the largest node of RTX4090-24GB has 4"},
 		{"NVLink", nodes, nil, req("r", gpus(2), models("RTX4090-24GB"), nvlink), "NVLink: no RTX4090-24GB node has 2 GPUs linked by NVLink (at most 0)"},
 		{"TEE", nodes, nil, req("r", models("RTX4090-24GB"), tee), "TEE: no RTX4090-24GB node has confidential computing"},
-		{"zone", nodes, nil, req("r", zone("mars")), `zone "mars": no node or instance type the autoscaler may provision is in that zone (zones: zone-a)`},
-		{"model", []placement.Node{rtx("rtx", 4)}, nil, req("r", models("H100-SXM5-80GB")), "GPU model H100-SXM5-80GB: no node or instance type the autoscaler may provision has it (models: RTX4090-24GB)"},
+		{"zone", nodes, nil, req("r", zone("mars")), `zone "mars": no node is in that zone (zones: zone-a)`},
+		{"model", []placement.Node{rtx("rtx", 4)}, nil, req("r", models("H100-SXM5-80GB")), "GPU model H100-SXM5-80GB: no node has it (models: RTX4090-24GB)"},
 		{"market", nodes, nil, req("r", func(r *placement.Request) { r.Market = rent.Spot }), "market spot: no node is bought spot"},
 		{"capability", nodes, nil, req("r", models("RTX4090-24GB"), func(r *placement.Request) { r.Capabilities = []string{"mig"} }), "capabilities mig: no RTX4090-24GB node has them all"},
 		{"MIG profile", nodes, nil, req("r", mig("3g.40gb")), "MIG profile 3g.40gb: no node has a GPU with a MIG instance of that profile"},
 		{"MIG profile a node has", nodes, nil, req("r", mig("1g.10gb")), ""},
-		{"GPU memory", []placement.Node{rtx("rtx", 4)}, nil, req("r", fraction(500, 30*1024)), "GPU memory: needs 30720 MiB per GPU; the most any node or instance type has is 24576 MiB"},
+		{"GPU memory", []placement.Node{rtx("rtx", 4)}, nil, req("r", fraction(500, 30*1024)), "GPU memory: needs 30720 MiB per GPU; the most any node has is 24576 MiB"},
 		{"host CPU", nodes, nil, req("r", func(r *placement.Request) { r.CPUMilli = 200_000 }), "host CPU: needs 200 cores on one node; the largest node has 128"},
 		{"host memory", nodes, nil, req("r", func(r *placement.Request) { r.MemoryMiB = 2 << 20 }), "host memory: needs 2097152 MiB on one node; the largest node has 1048576 MiB"},
 		// What no node holds but an instance type the autoscaler may
