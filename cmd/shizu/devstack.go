@@ -236,6 +236,10 @@ func (s *devStack) configureServices(context.Context) error {
 	meter.Rules.Interval, meter.Rules.MinimumCharge = s.o.interval, s.o.minCharge
 	fail.Advisory = failover.AdvisoryConfig{URL: s.natsURL, User: devSystemUser, Password: s.sysPassword}
 	scale.PolicyFile = s.o.policy
+	// The scheduler keeps a request only the policy's instance types could
+	// hold pending (the autoscaler provisions for it) and rejects one that
+	// neither a node nor an instance type could ever hold.
+	sched.FleetPolicyPath = s.o.policy
 	if err := meter.Validate(); err != nil {
 		return fmt.Errorf("metering: %w", err)
 	}

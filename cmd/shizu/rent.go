@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/bus"
@@ -45,6 +46,9 @@ type rentOptions struct {
 	labels    labelFlag
 	cpuMilli  int64
 	memoryMiB int64
+	// pendingTimeout: how long the rental may wait for capacity (0: the
+	// scheduler's default).
+	pendingTimeout time.Duration
 }
 
 type labelFlag map[string]string
@@ -175,6 +179,12 @@ func (o rentOptions) spec(command []string) (*shizuv1.RentalSpec, error) {
 	if len(o.labels) > 0 {
 		s.Labels = o.labels
 	}
+	switch {
+	case o.pendingTimeout < 0:
+		return nil, usagef("-pending-timeout %s: want a positive duration (e.g. -pending-timeout 30m), or 0 for the scheduler's default", o.pendingTimeout)
+	case o.pendingTimeout > 0:
+		s.PendingTimeout = durationpb.New(o.pendingTimeout)
+	}
 	return s, nil
 }
 
@@ -203,6 +213,7 @@ var rentVerb = verb{
   shizu rent -plan spot -max-price 1.20        # spot, at most 1.20 per GPU-hour
   shizu rent -plan reserved -model H100-SXM5-80GB  # against your H100 commitment
   shizu rent -tee -model H200-SXM5-141GB       # confidential computing
+  shizu rent -gpus 8 -pending-timeout 30m      # wait up to 30 minutes for capacity
   shizu rent -o json | jq -r .rental_id
 `,
 	setup: func(fs *flag.FlagSet) func(context.Context, []string, io.Writer) error {
@@ -244,6 +255,8 @@ func (c *rentCommand) register(fs *flag.FlagSet) {
 	fs.Int64Var(&o.cpuMilli, "cpu-milli", 0, "host CPU in milli-cores (default: the node's share per GPU)")
 	fs.Int64Var(&o.memoryMiB, "memory-mib", 0, "host memory in MiB (default: the node's share per GPU)")
 	fs.Var(o.labels, "label", "key=value label copied onto usage records (repeatable)")
+	fs.DurationVar(&o.pendingTimeout, "pending-timeout", 0,
+		"how long the rental may wait for capacity before it is rejected, e.g. 30m (default: the scheduler's, 10m; at most its -max-pending-timeout)")
 }
 
 // run publishes the request, follows the rental until it has an outcome

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // files are the schema files of the package, as compiled into the Go code
@@ -59,6 +60,7 @@ func fullSpec() *RentalSpec {
 		Command:                []string{"torchrun", "--nproc-per-node=4", "train.py"},
 		CheckpointUri:          "s3://acme-ckpt/run-7/",
 		Labels:                 map[string]string{"team": "vision", "run": "7"},
+		PendingTimeout:         durationpb.New(30 * time.Minute),
 	}
 }
 

@@ -412,9 +412,14 @@ type RentalSpec struct {
 	// Free-form tenant labels, copied onto usage records (not onto metrics).
 	// At most 64; keys 1..63 bytes without whitespace, values at most 256
 	// bytes.
-	Labels        map[string]string `protobuf:"bytes,18,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Labels map[string]string `protobuf:"bytes,18,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Longest the request may wait for capacity before it is rejected
+	// (REJECT_REASON_PENDING_TIMEOUT); absent means the scheduler's default
+	// (10 minutes unless configured). Positive when set; the scheduler
+	// rejects one above its configured maximum as an invalid spec.
+	PendingTimeout *durationpb.Duration `protobuf:"bytes,19,opt,name=pending_timeout,json=pendingTimeout,proto3" json:"pending_timeout,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RentalSpec) Reset() {
@@ -569,6 +574,13 @@ func (x *RentalSpec) GetCheckpointUri() string {
 func (x *RentalSpec) GetLabels() map[string]string {
 	if x != nil {
 		return x.Labels
+	}
+	return nil
+}
+
+func (x *RentalSpec) GetPendingTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.PendingTimeout
 	}
 	return nil
 }
@@ -1794,7 +1806,7 @@ var File_shizu_v1_rental_proto protoreflect.FileDescriptor
 
 const file_shizu_v1_rental_proto_rawDesc = "" +
 	"\n" +
-	"\x15shizu/v1/rental.proto\x12\bshizu.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15shizu/v1/common.proto\"\xe7\x05\n" +
+	"\x15shizu/v1/rental.proto\x12\bshizu.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15shizu/v1/common.proto\"\xab\x06\n" +
 	"\n" +
 	"RentalSpec\x12\x1b\n" +
 	"\tgpu_count\x18\x01 \x01(\x05R\bgpuCount\x12\x1b\n" +
@@ -1817,7 +1829,8 @@ const file_shizu_v1_rental_proto_rawDesc = "" +
 	"\x05image\x18\x0f \x01(\tR\x05image\x12\x18\n" +
 	"\acommand\x18\x10 \x03(\tR\acommand\x12%\n" +
 	"\x0echeckpoint_uri\x18\x11 \x01(\tR\rcheckpointUri\x128\n" +
-	"\x06labels\x18\x12 \x03(\v2 .shizu.v1.RentalSpec.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x12 \x03(\v2 .shizu.v1.RentalSpec.LabelsEntryR\x06labels\x12B\n" +
+	"\x0fpending_timeout\x18\x13 \x01(\v2\x19.google.protobuf.DurationR\x0ependingTimeout\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\x01\n" +
@@ -2006,50 +2019,51 @@ var file_shizu_v1_rental_proto_goTypes = []any{
 	(Interconnect)(0),             // 18: shizu.v1.Interconnect
 	(Plan)(0),                     // 19: shizu.v1.Plan
 	(*Money)(nil),                 // 20: shizu.v1.Money
-	(*MigInstance)(nil),           // 21: shizu.v1.MigInstance
-	(*EventMeta)(nil),             // 22: shizu.v1.EventMeta
-	(*ResourceVector)(nil),        // 23: shizu.v1.ResourceVector
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*MigInstance)(nil),           // 22: shizu.v1.MigInstance
+	(*EventMeta)(nil),             // 23: shizu.v1.EventMeta
+	(*ResourceVector)(nil),        // 24: shizu.v1.ResourceVector
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
 }
 var file_shizu_v1_rental_proto_depIdxs = []int32{
 	18, // 0: shizu.v1.RentalSpec.interconnect:type_name -> shizu.v1.Interconnect
 	19, // 1: shizu.v1.RentalSpec.plan:type_name -> shizu.v1.Plan
 	20, // 2: shizu.v1.RentalSpec.max_spot_price_per_gpu_hour:type_name -> shizu.v1.Money
 	17, // 3: shizu.v1.RentalSpec.labels:type_name -> shizu.v1.RentalSpec.LabelsEntry
-	21, // 4: shizu.v1.GpuAssignment.mig_instance:type_name -> shizu.v1.MigInstance
-	22, // 5: shizu.v1.RentalRequested.meta:type_name -> shizu.v1.EventMeta
-	5,  // 6: shizu.v1.RentalRequested.spec:type_name -> shizu.v1.RentalSpec
-	22, // 7: shizu.v1.RentalScheduled.meta:type_name -> shizu.v1.EventMeta
-	6,  // 8: shizu.v1.RentalScheduled.gpus:type_name -> shizu.v1.GpuAssignment
-	5,  // 9: shizu.v1.RentalScheduled.spec:type_name -> shizu.v1.RentalSpec
-	22, // 10: shizu.v1.RentalPending.meta:type_name -> shizu.v1.EventMeta
-	0,  // 11: shizu.v1.RentalPending.reason:type_name -> shizu.v1.PendingReason
-	23, // 12: shizu.v1.RentalPending.missing:type_name -> shizu.v1.ResourceVector
-	24, // 13: shizu.v1.RentalPending.deadline:type_name -> google.protobuf.Timestamp
-	22, // 14: shizu.v1.RentalRejected.meta:type_name -> shizu.v1.EventMeta
-	1,  // 15: shizu.v1.RentalRejected.reason:type_name -> shizu.v1.RejectReason
-	22, // 16: shizu.v1.RentalStarted.meta:type_name -> shizu.v1.EventMeta
-	24, // 17: shizu.v1.RentalStarted.started_at:type_name -> google.protobuf.Timestamp
-	22, // 18: shizu.v1.RentalStopped.meta:type_name -> shizu.v1.EventMeta
-	24, // 19: shizu.v1.RentalStopped.started_at:type_name -> google.protobuf.Timestamp
-	24, // 20: shizu.v1.RentalStopped.stopped_at:type_name -> google.protobuf.Timestamp
-	2,  // 21: shizu.v1.RentalStopped.exit_reason:type_name -> shizu.v1.ExitReason
-	22, // 22: shizu.v1.RentalPreempted.meta:type_name -> shizu.v1.EventMeta
-	24, // 23: shizu.v1.RentalPreempted.notice_deadline:type_name -> google.protobuf.Timestamp
-	3,  // 24: shizu.v1.RentalPreempted.reason:type_name -> shizu.v1.PreemptReason
-	22, // 25: shizu.v1.RentalMigrating.meta:type_name -> shizu.v1.EventMeta
-	4,  // 26: shizu.v1.RentalMigrating.reason:type_name -> shizu.v1.MigrationReason
-	24, // 27: shizu.v1.RentalMigrating.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	5,  // 28: shizu.v1.RentalMigrating.spec:type_name -> shizu.v1.RentalSpec
-	22, // 29: shizu.v1.RentalMigrated.meta:type_name -> shizu.v1.EventMeta
-	25, // 30: shizu.v1.RentalMigrated.downtime:type_name -> google.protobuf.Duration
-	22, // 31: shizu.v1.RentalCancelRequested.meta:type_name -> shizu.v1.EventMeta
-	32, // [32:32] is the sub-list for method output_type
-	32, // [32:32] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	21, // 4: shizu.v1.RentalSpec.pending_timeout:type_name -> google.protobuf.Duration
+	22, // 5: shizu.v1.GpuAssignment.mig_instance:type_name -> shizu.v1.MigInstance
+	23, // 6: shizu.v1.RentalRequested.meta:type_name -> shizu.v1.EventMeta
+	5,  // 7: shizu.v1.RentalRequested.spec:type_name -> shizu.v1.RentalSpec
+	23, // 8: shizu.v1.RentalScheduled.meta:type_name -> shizu.v1.EventMeta
+	6,  // 9: shizu.v1.RentalScheduled.gpus:type_name -> shizu.v1.GpuAssignment
+	5,  // 10: shizu.v1.RentalScheduled.spec:type_name -> shizu.v1.RentalSpec
+	23, // 11: shizu.v1.RentalPending.meta:type_name -> shizu.v1.EventMeta
+	0,  // 12: shizu.v1.RentalPending.reason:type_name -> shizu.v1.PendingReason
+	24, // 13: shizu.v1.RentalPending.missing:type_name -> shizu.v1.ResourceVector
+	25, // 14: shizu.v1.RentalPending.deadline:type_name -> google.protobuf.Timestamp
+	23, // 15: shizu.v1.RentalRejected.meta:type_name -> shizu.v1.EventMeta
+	1,  // 16: shizu.v1.RentalRejected.reason:type_name -> shizu.v1.RejectReason
+	23, // 17: shizu.v1.RentalStarted.meta:type_name -> shizu.v1.EventMeta
+	25, // 18: shizu.v1.RentalStarted.started_at:type_name -> google.protobuf.Timestamp
+	23, // 19: shizu.v1.RentalStopped.meta:type_name -> shizu.v1.EventMeta
+	25, // 20: shizu.v1.RentalStopped.started_at:type_name -> google.protobuf.Timestamp
+	25, // 21: shizu.v1.RentalStopped.stopped_at:type_name -> google.protobuf.Timestamp
+	2,  // 22: shizu.v1.RentalStopped.exit_reason:type_name -> shizu.v1.ExitReason
+	23, // 23: shizu.v1.RentalPreempted.meta:type_name -> shizu.v1.EventMeta
+	25, // 24: shizu.v1.RentalPreempted.notice_deadline:type_name -> google.protobuf.Timestamp
+	3,  // 25: shizu.v1.RentalPreempted.reason:type_name -> shizu.v1.PreemptReason
+	23, // 26: shizu.v1.RentalMigrating.meta:type_name -> shizu.v1.EventMeta
+	4,  // 27: shizu.v1.RentalMigrating.reason:type_name -> shizu.v1.MigrationReason
+	25, // 28: shizu.v1.RentalMigrating.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	5,  // 29: shizu.v1.RentalMigrating.spec:type_name -> shizu.v1.RentalSpec
+	23, // 30: shizu.v1.RentalMigrated.meta:type_name -> shizu.v1.EventMeta
+	21, // 31: shizu.v1.RentalMigrated.downtime:type_name -> google.protobuf.Duration
+	23, // 32: shizu.v1.RentalCancelRequested.meta:type_name -> shizu.v1.EventMeta
+	33, // [33:33] is the sub-list for method output_type
+	33, // [33:33] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_shizu_v1_rental_proto_init() }

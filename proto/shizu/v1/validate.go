@@ -214,7 +214,8 @@ func interconnectOrAny(i Interconnect) Interconnect {
 //     without duplicates;
 //   - image has no whitespace; checkpoint_uri is an absolute URI;
 //   - at most 64 labels, keys 1..63 bytes without whitespace, values at most
-//     256 bytes.
+//     256 bytes;
+//   - pending_timeout, when set, is positive.
 func (m *RentalSpec) Validate() error {
 	if m == nil {
 		return errMissing()
@@ -260,6 +261,13 @@ func (m *RentalSpec) Validate() error {
 	}
 	p.uri("checkpoint_uri", m.GetCheckpointUri())
 	p.labels("labels", m.GetLabels())
+	if d := m.GetPendingTimeout(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			p.addf("pending_timeout", "%v", err)
+		} else if d.AsDuration() <= 0 {
+			p.addf("pending_timeout", "%s; must be positive when set", d.AsDuration())
+		}
+	}
 	return p.err()
 }
 

@@ -146,6 +146,8 @@ func TestRentalRequestedRejectsABadSpecWithTheFieldPath(t *testing.T) {
 			s.Plan, s.MaxSpotPricePerGpuHour = Plan_PLAN_SPOT, &Money{Micros: 1}
 		}), "spec.max_spot_price_per_gpu_hour.currency: \"\" is not an ISO 4217 code"},
 		{"a negative priority is rejected", spec(func(s *RentalSpec) { s.Priority = -1 }), "spec.priority: -1 is out of range 0..1000"},
+		{"a zero pending timeout is rejected", spec(func(s *RentalSpec) { s.PendingTimeout = durationpb.New(0) }), "spec.pending_timeout: 0s; must be positive when set"},
+		{"a negative pending timeout is rejected", spec(func(s *RentalSpec) { s.PendingTimeout = durationpb.New(-time.Minute) }), "spec.pending_timeout: -1m0s; must be positive when set"},
 		{"a priority above 1000 is rejected", spec(func(s *RentalSpec) { s.Priority = 1001 }), "spec.priority: 1001 is out of range 0..1000"},
 		{"negative host CPU is rejected", spec(func(s *RentalSpec) { s.CpuMilli = -1000 }), "spec.cpu_milli: -1000 is negative"},
 		{"negative host memory is rejected", spec(func(s *RentalSpec) { s.MemoryMib = -1 }), "spec.memory_mib: -1 is negative"},

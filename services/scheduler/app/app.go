@@ -44,6 +44,19 @@ type Config struct {
 	// PendingTimeout: a request not placed this long after it was made is
 	// rejected (REJECT_REASON_PENDING_TIMEOUT).
 	PendingTimeout time.Duration
+	// MaxPendingTimeout is the longest pending timeout a request may
+	// choose (RentalSpec.pending_timeout); a longer one is rejected as an
+	// invalid spec. Below PendingTimeout it is PendingTimeout.
+	MaxPendingTimeout time.Duration
+	// FleetPolicyPath is the autoscaler's policy file (its -policy, the
+	// same file), whose fleet instance types count as capacity a request
+	// may wait for; empty means none: requests are judged against the
+	// registered nodes alone.
+	FleetPolicyPath string
+	// UnsatisfiableGrace: for this long after the replica starts, a
+	// request no node could ever hold is not rejected yet (nodes may
+	// still be registering); it waits with a note naming the constraint.
+	UnsatisfiableGrace time.Duration
 	// PendingRetry is how often pending requests are tried again.
 	PendingRetry time.Duration
 	// PreemptionNotice is the time a preempted spot rental gets to stop.
@@ -80,7 +93,7 @@ func DefaultConfig() Config {
 	return Config{
 		Service: service.Defaults(topology.Scheduler), Policy: string(placement.PolicyShizu),
 		MaxCandidates: 64, BatchSize: 512, Concurrency: 4096, CommitWorkers: 32,
-		PendingTimeout: 10 * time.Minute, PendingRetry: 500 * time.Millisecond, PreemptionNotice: 30 * time.Second,
+		PendingTimeout: 10 * time.Minute, MaxPendingTimeout: time.Hour, UnsatisfiableGrace: time.Minute, PendingRetry: 500 * time.Millisecond, PreemptionNotice: 30 * time.Second,
 		SnapshotMaxAge: 5 * time.Second, AgingStep: time.Second, WorkloadWindow: 5000,
 		KeyPrefix: "shizu", OutcomeTTL: 7 * 24 * time.Hour,
 		ReconcileInterval: 30 * time.Second, ReconcileAge: 2 * time.Minute, RecordsCheck: 2 * time.Second,
@@ -98,7 +111,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	f.Int(&c.BatchSize, "batch-size", "most requests placed per round")
 	f.Int(&c.Concurrency, "concurrency", "deliveries in flight")
 	f.Int(&c.CommitWorkers, "commit-workers", "parallel reserves")
-	f.Duration(&c.PendingTimeout, "pending-timeout", "reject requests pending longer")
+	f.Duration(&c.PendingTimeout, "pending-timeout", "reject requests pending longer (unless the request chooses its own)")
+	f.Duration(&c.MaxPendingTimeout, "max-pending-timeout", "longest pending timeout a request may choose")
+	f.String(&c.FleetPolicyPath, "fleet-policy", "the autoscaler's policy file: its fleet instance types count as capacity a request may wait for")
+	f.Duration(&c.UnsatisfiableGrace, "unsatisfiable-grace", "after start, how long a request no node could ever hold waits before such requests are rejected")
 	f.Duration(&c.PendingRetry, "pending-retry", "retry pending requests this often")
 	f.Duration(&c.PreemptionNotice, "preemption-notice", "notice given to preempted spot rentals")
 	f.Duration(&c.SnapshotMaxAge, "snapshot-max-age", "re-read the store when the view is older and the store moved")
@@ -159,6 +175,12 @@ func (c Config) Validate() error {
 	}
 	if c.OutcomeTTL > 0 && c.OutcomeTTL < time.Second {
 		errs = append(errs, fmt.Errorf("scheduler.outcome-ttl: must be at least 1s (Redis expires keys in whole seconds), got %s", c.OutcomeTTL))
+	}
+	if c.MaxPendingTimeout < 0 {
+		errs = append(errs, fmt.Errorf("scheduler.max-pending-timeout: must not be negative, got %s", c.MaxPendingTimeout))
+	}
+	if c.UnsatisfiableGrace < 0 {
+		errs = append(errs, fmt.Errorf("scheduler.unsatisfiable-grace: must not be negative, got %s", c.UnsatisfiableGrace))
 	}
 	if c.KeyPrefix == "" {
 		errs = append(errs, errors.New("scheduler.key-prefix: must not be empty"))

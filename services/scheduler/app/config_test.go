@@ -2,6 +2,8 @@ package app_test
 
 import (
 	"flag"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -64,5 +66,35 @@ func TestEachSchedulerVariableSetsItsSetting(t *testing.T) {
 				t.Fatalf("Validate() = %v", err)
 			}
 		})
+	}
+}
+
+// A fleet policy that cannot be read, or whose instance type lacks a model,
+// GPUs or a zone, stops the scheduler at start naming the file and the
+// type; negative grace and maximum pending timeout are refused.
+func TestABadFleetPolicyOrNegativeDurationIsRefusedAtStart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	noZone := filepath.Join(dir, "nozone.json")
+	if err := os.WriteFile(noZone, []byte(`{"fleet": {"instance_types": [{"name": "p5", "model": "H100-SXM5-80GB", "gpus": 8}]}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{
+		filepath.Join(dir, "missing.json"): "scheduler.fleet-policy: open " + filepath.Join(dir, "missing.json"),
+		noZone:                             `fleet.instance_types[0] ("p5") needs a model, gpus >= 1 and a zone`,
+	} {
+		cfg := app.DefaultConfig()
+		cfg.FleetPolicyPath = path
+		if _, err := app.New(cfg, app.Deps{}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("New with %s: %v; want %q", filepath.Base(path), err, want)
+		}
+	}
+	cfg := app.DefaultConfig()
+	cfg.UnsatisfiableGrace, cfg.MaxPendingTimeout = -time.Second, -time.Second
+	err := cfg.Validate()
+	for _, want := range []string{"scheduler.unsatisfiable-grace: must not be negative", "scheduler.max-pending-timeout: must not be negative"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v; want it to say %q", err, want)
+		}
 	}
 }

@@ -40,7 +40,7 @@ func (s *Scheduler) admit(ctx context.Context, d bus.Delivery) (*job, error) {
 		return nil, fault.Invalid("decode RentalRequested: %w", err)
 	}
 	r := requestOf(ev)
-	reject, err := round.Admit(ev, &r, s.catalogue, s.plan.Commitments)
+	reject, err := round.Admit(ev, &r, s.catalogue, s.plan)
 	switch {
 	case err != nil:
 		return nil, err

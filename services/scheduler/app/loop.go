@@ -173,6 +173,9 @@ func (s *Scheduler) retryPending(ctx context.Context, kicked bool) {
 		}
 		jobs = append(jobs, j)
 	}
+	if now.Before(s.plan.JudgeFrom) && s.plan.JudgeFrom.Before(s.nextDeadline) {
+		s.nextDeadline = s.plan.JudgeFrom // judge the unsatisfiable ones once the grace ends
+	}
 	for start := 0; start < len(jobs); start += s.cfg.BatchSize {
 		s.round(ctx, jobs[start:min(len(jobs), start+s.cfg.BatchSize)])
 	}

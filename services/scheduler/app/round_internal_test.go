@@ -32,7 +32,7 @@ type rig struct {
 }
 
 // newRig is a scheduler on fakes whose view holds n1 (2 H100s, epoch 1),
-// read just now.
+// read just now, with H100x8 nodes to provision.
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	r := &rig{res: porttest.NewReserver(porttest.FakeNode{ID: "n1", Epoch: 1, GPUs: 2}), rec: porttest.NewRecords(), pub: &porttest.Publisher{}}
@@ -41,6 +41,9 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	s.reserve = r.res
+	// The autoscaler may provision H100x8 nodes: a request n1 cannot
+	// hold waits for capacity rather than being unsatisfiable.
+	s.plan.Offers = []placement.Offer{{Name: "h100x8", Model: "H100-SXM5-80GB", GPUs: 8, Zones: []string{"zone-a"}}}
 	n := placement.Node{ID: "n1", Epoch: 1, Ready: true, Zone: "zone-a", Market: rent.OnDemand,
 		CPUMilli: 64_000, MemoryMiB: 1 << 18, FreeCPUMilli: 64_000, FreeMemoryMiB: 1 << 18}
 	for i := range 2 {

@@ -133,6 +133,10 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 	if err != nil {
 		return nil, err
 	}
+	offers, err := cfg.offers()
+	if err != nil {
+		return nil, err
+	}
 	catalogue := placement.DefaultCatalogue()
 	pl, err := placement.NewPlacer(placement.Options{Policy: placement.Policy(cfg.Policy), Catalogue: catalogue, MaxCandidates: cfg.MaxCandidates})
 	if err != nil {
@@ -141,7 +145,8 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 	s := &Scheduler{
 		cfg: cfg, d: d, reserve: d.Store, rec: d.Records, pub: d.Publisher, market: d.Market, catalogue: catalogue,
 		plan: round.Config{Placer: pl, AgingStep: cfg.AgingStep, PendingTimeout: cfg.PendingTimeout,
-			PreemptionNotice: cfg.PreemptionNotice, Commitments: commitments},
+			PreemptionNotice: cfg.PreemptionNotice, Commitments: commitments, MaxPendingTimeout: cfg.MaxPendingTimeout,
+			Offers: offers, JudgeFrom: d.Now().Add(cfg.UnsatisfiableGrace)},
 		in:         make(chan []*job, cfg.Concurrency/cfg.BatchSize+1),
 		kick:       make(chan struct{}, 1),
 		changed:    make(chan string, 64),

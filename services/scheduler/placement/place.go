@@ -147,6 +147,9 @@ func NewPlacer(o Options) (*Placer, error) {
 	return &Placer{opts: o}, nil
 }
 
+// Catalogue is the catalogue the placer matches models against.
+func (p *Placer) Catalogue() Catalogue { return p.opts.Catalogue }
+
 // SetWorkload replaces FGD's target workload.
 func (p *Placer) SetWorkload(w *Workload) { p.opts.Workload = w }
 

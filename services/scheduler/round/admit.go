@@ -16,10 +16,11 @@ import (
 // (reject is the reason told to the tenant, REJECT_REASON_INVALID_SPEC),
 // and so is a reserved request that does not allow only models the tenant
 // holds a commitment for in cs when it was made (it would be billed at the
-// list price); a request whose envelope or ids are unusable to answer it cannot even be
+// list price), and so is one whose pending timeout is above cfg's maximum
+// (MaxPendingTimeout); a request whose envelope or ids are unusable to answer it cannot even be
 // rejected and is refused with an invalid error (dead-lettered); anything
 // else goes to the next round (reject "" and no error).
-func Admit(ev *shizuv1.RentalRequested, r *placement.Request, c placement.Catalogue, cs Commitments) (reject string, err error) {
+func Admit(ev *shizuv1.RentalRequested, r *placement.Request, c placement.Catalogue, cfg Config) (reject string, err error) {
 	if err := ev.Validate(); err != nil {
 		if !headerValid(ev) {
 			return "", fault.Invalid("RentalRequested: %w", err)
@@ -29,10 +30,28 @@ func Admit(ev *shizuv1.RentalRequested, r *placement.Request, c placement.Catalo
 	if err := r.Validate(c); err != nil {
 		return err.Error(), nil
 	}
+	if d := ev.GetSpec().GetPendingTimeout(); d != nil && d.AsDuration() > cfg.maxPendingTimeout() {
+		return fmt.Sprintf("pending timeout %s is longer than this scheduler allows (at most %s)",
+			d.AsDuration(), cfg.maxPendingTimeout()), nil
+	}
 	if r.Class == rent.ClassReserved {
-		return cs.missing(r, ev.GetMeta().GetOccurredAt().AsTime()), nil
+		return cfg.Commitments.missing(r, ev.GetMeta().GetOccurredAt().AsTime()), nil
 	}
 	return "", nil
+}
+
+// PendingTimeout is how long a request may wait for capacity: its spec's
+// pending_timeout when set (Admit refused one above the maximum), else
+// cfg.PendingTimeout.
+func PendingTimeout(ev *shizuv1.RentalRequested, cfg Config) time.Duration {
+	if d := ev.GetSpec().GetPendingTimeout(); d != nil && d.AsDuration() > 0 {
+		return min(d.AsDuration(), cfg.maxPendingTimeout())
+	}
+	return cfg.PendingTimeout
+}
+
+func (cfg Config) maxPendingTimeout() time.Duration {
+	return max(cfg.MaxPendingTimeout, cfg.PendingTimeout)
 }
 
 // missing says what a reserved request r made at t lacks to be billed at a

@@ -44,7 +44,11 @@ func config(t *testing.T) round.Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return round.Config{Placer: pl, AgingStep: time.Second, PendingTimeout: 10 * time.Minute, PreemptionNotice: 30 * time.Second}
+	// The autoscaler may provision H100x8 nodes in zone-a: a request that
+	// no node of a test's small view holds waits for capacity (one that
+	// even these could not hold is rejected as unsatisfiable).
+	return round.Config{Placer: pl, AgingStep: time.Second, PendingTimeout: 10 * time.Minute, PreemptionNotice: 30 * time.Second,
+		Offers: []placement.Offer{{Name: "h100x8", Model: "H100-SXM5-80GB", GPUs: 8, Zones: []string{"zone-a"}}}}
 }
 
 // job is a valid on-demand request for one whole GPU made at t0, first

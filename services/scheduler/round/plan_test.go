@@ -189,7 +189,7 @@ func TestAdmission(t *testing.T) {
 			ev := valid()
 			r := job(t, "r1").Request
 			tc.edit(ev, &r)
-			reject, err := round.Admit(ev, &r, placement.DefaultCatalogue(), nil)
+			reject, err := round.Admit(ev, &r, placement.DefaultCatalogue(), round.Config{})
 			if tc.wantErr != (err != nil) || (err != nil && !fault.IsInvalid(err)) {
 				t.Fatalf("err %v, want an invalid error: %v", err, tc.wantErr)
 			}

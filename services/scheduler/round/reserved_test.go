@@ -55,7 +55,7 @@ func TestAReservedRequestIsAdmittedOnlyAgainstACommitmentForEveryModelItAllows(t
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ev, r := reservedRequest(t, tc.models...)
-			reject, err := round.Admit(ev, &r, placement.DefaultCatalogue(), tc.commitments)
+			reject, err := round.Admit(ev, &r, placement.DefaultCatalogue(), round.Config{Commitments: tc.commitments})
 			if err != nil {
 				t.Fatalf("refused as unanswerable: %v", err)
 			}
@@ -77,7 +77,7 @@ func TestAReservedRequestIsAdmittedOnlyAgainstACommitmentForEveryModelItAllows(t
 func TestCommitmentsAreNotNeededForOtherPlans(t *testing.T) {
 	t.Parallel()
 	for _, j := range []*round.Job{job(t, "od"), job(t, "sp", spot, func(j *round.Job) { j.Event.Spec.Plan = shizuv1.Plan_PLAN_SPOT })} {
-		if reject, err := round.Admit(j.Event, &j.Request, placement.DefaultCatalogue(), nil); reject != "" || err != nil {
+		if reject, err := round.Admit(j.Event, &j.Request, placement.DefaultCatalogue(), round.Config{}); reject != "" || err != nil {
 			t.Fatalf("%s (%v): %q %v", j.Request.ID, j.Request.Class, reject, err)
 		}
 	}

@@ -36,6 +36,16 @@ type Config struct {
 	PreemptionNotice time.Duration
 	// Commitments are the tenants' reserved commitments (Admit).
 	Commitments Commitments
+	// MaxPendingTimeout is the longest pending timeout a request may
+	// choose (RentalSpec.pending_timeout; Admit); 0 means PendingTimeout.
+	MaxPendingTimeout time.Duration
+	// Offers are the instance types the autoscaler may provision; a
+	// request no node and no offer could ever hold is rejected as
+	// unsatisfiable (Judge).
+	Offers []placement.Offer
+	// JudgeFrom: before it no request is rejected as unsatisfiable (the
+	// scheduler started moments ago, nodes may still be registering).
+	JudgeFrom time.Time
 }
 
 // Job is one request in a round.
@@ -60,10 +70,11 @@ type Job struct {
 	Placed placement.Placement
 }
 
-// NewJob is a job for a request made at its meta's occurred_at.
+// NewJob is a job for a request made at its meta's occurred_at; it waits
+// at most its spec's pending_timeout when set, else cfg.PendingTimeout.
 func NewJob(ev *shizuv1.RentalRequested, r placement.Request, attempt int32, cfg Config) Job {
 	enq := ev.GetMeta().GetOccurredAt().AsTime()
-	return Job{Event: ev, Request: r, Attempt: attempt, Enqueued: enq, Deadline: enq.Add(cfg.PendingTimeout)}
+	return Job{Event: ev, Request: r, Attempt: attempt, Enqueued: enq, Deadline: enq.Add(PendingTimeout(ev, cfg))}
 }
 
 // Planning is the job itself; the caller's own job types embed Job and so
@@ -153,6 +164,8 @@ type Pending[J Planned] struct {
 	Preempt *Preempt
 	// Missing is what the fleet lacks for it.
 	Missing placement.Missing
+	// Note is added to the message (see Unsatisfiable.Note).
+	Note string
 }
 
 // Shortage reports whether the wait is reported as a capacity shortage:
@@ -171,7 +184,11 @@ func (p Pending[J]) Message() string {
 		return fmt.Sprintf("waiting for a spot price at most the maximum of %s per GPU-hour: every node with room for %s prices above it",
 			formatPrice(r.MaxSpotPrice), Describe(r))
 	}
-	return "waiting for capacity: " + Describe(&p.Job.Planning().Request)
+	msg := "waiting for capacity: " + Describe(&p.Job.Planning().Request)
+	if p.Note != "" {
+		msg += " (" + p.Note + ")"
+	}
+	return msg
 }
 
 // Preempt is the eviction of spot rentals from one node.
@@ -223,16 +240,23 @@ func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) N
 		if j.Decided {
 			continue
 		}
+		u := Judge(v, &j.Request, now, cfg)
+		if u.Reject {
+			out.Reject = append(out.Reject, Reject[J]{Job: jj, Reason: shizuv1.RejectReason_REJECT_REASON_UNSATISFIABLE,
+				Message: "no node could ever hold this request: " + u.Why})
+			continue
+		}
 		if now.After(j.Deadline) {
-			msg := fmt.Sprintf("no capacity for %s within %s", Describe(&j.Request), cfg.PendingTimeout)
+			wait := j.Deadline.Sub(j.Enqueued)
+			msg := fmt.Sprintf("no capacity for %s within %s", Describe(&j.Request), wait)
 			if PriceOnly(v, &j.Request, cfg) {
 				msg = fmt.Sprintf("the spot price stayed above the maximum of %s per GPU-hour for %s within %s",
-					formatPrice(j.Request.MaxSpotPrice), Describe(&j.Request), cfg.PendingTimeout)
+					formatPrice(j.Request.MaxSpotPrice), Describe(&j.Request), wait)
 			}
 			out.Reject = append(out.Reject, Reject[J]{Job: jj, Reason: shizuv1.RejectReason_REJECT_REASON_PENDING_TIMEOUT, Message: msg})
 			continue
 		}
-		p := Pending[J]{Job: jj, Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY, PreemptUntil: j.PreemptUntil}
+		p := Pending[J]{Job: jj, Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY, PreemptUntil: j.PreemptUntil, Note: u.Note}
 		if PriceOnly(v, &j.Request, cfg) {
 			p.Reason = shizuv1.PendingReason_PENDING_REASON_SPOT_PRICE_ABOVE_MAX
 		} else if now.Before(j.PreemptUntil) {
@@ -253,6 +277,9 @@ func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) N
 		}
 		if out.NextDeadline.IsZero() || j.Deadline.Before(out.NextDeadline) {
 			out.NextDeadline = j.Deadline
+		}
+		if u.Why != "" && cfg.JudgeFrom.Before(out.NextDeadline) {
+			out.NextDeadline = cfg.JudgeFrom // judged again once the grace ends
 		}
 		p.Missing = cfg.Placer.Shortage(v.Cluster(), &j.Request)
 		out.Pending = append(out.Pending, p)
