@@ -97,6 +97,15 @@ const (
 	SpotPriceChanged      = "spot.%s.%s.price"
 )
 
+// Audit records of the tenant API: audit.<tenant>.<action>, one per
+// state-changing call the gateway answered (the tenant "operator" for an
+// operator key's calls).
+const (
+	AuditAll         = "audit.>"
+	AuditRecordedAll = "audit.*.*"
+	AuditRecorded    = "audit.%s.%s"
+)
+
 // Dead letters: dlq.<stream>.<consumer>. The server's advisory that a
 // consumer gave up on a message (max deliveries without an ack) is captured
 // too, so such a message reaches the dead letters even when the process

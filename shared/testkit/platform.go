@@ -95,12 +95,15 @@ func Platform(t testing.TB, opts ...PlatformOption) *Deployment {
 	return d
 }
 
-// Provision creates the streams and, with WithHeartbeats, the heartbeat
+// Provision creates the streams, the tenant API's buckets and, with WithHeartbeats, the heartbeat
 // bucket, as `shizu provision` does.
 func (d *Deployment) Provision(t testing.TB) {
 	t.Helper()
 	if err := d.Admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatalf("testkit: provision the streams: %v", err)
+	}
+	if err := d.Admin.EnsureBuckets(t.Context(), topology.Buckets(1)...); err != nil {
+		t.Fatalf("testkit: provision the buckets: %v", err)
 	}
 	if d.heartbeatTTL > 0 {
 		hb, err := d.Admin.EnsureHeartbeats(t.Context(), topology.Heartbeats(1, d.heartbeatTTL))

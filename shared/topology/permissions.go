@@ -64,8 +64,22 @@ func (s Service) Permissions() Permissions {
 			"$JS.API.CONSUMER.CREATE."+kvStream+".>", "$JS.API.CONSUMER.DELETE."+kvStream+".>",
 			"$JS.API.CONSUMER.INFO."+kvStream+".>", "$JS.FC."+kvStream+".>")
 	}
+	for _, b := range s.Buckets {
+		pub = append(pub, bucketPermissions(b)...)
+	}
 	slices.Sort(pub)
 	return Permissions{Publish: slices.Compact(pub), Subscribe: []string{"_INBOX.>"}}
+}
+
+// bucketPermissions let a user create (or update) the bucket, read, write
+// and delete keys, list them and watch them (ordered consumers).
+func bucketPermissions(bucket string) []string {
+	st := "KV_" + bucket
+	return []string{"$KV." + bucket + ".>",
+		"$JS.API.STREAM.CREATE." + st, "$JS.API.STREAM.UPDATE." + st, "$JS.API.STREAM.INFO." + st,
+		"$JS.API.DIRECT.GET." + st + ".>", "$JS.API.STREAM.MSG.GET." + st,
+		"$JS.API.CONSUMER.CREATE." + st + ".>", "$JS.API.CONSUMER.DELETE." + st + ".>",
+		"$JS.API.CONSUMER.INFO." + st + ".>", "$JS.FC." + st + ".>"}
 }
 
 // AdminPermissions allow everything.

@@ -24,11 +24,24 @@ const (
 	StreamBilling    = "BILLING"
 	StreamMarket     = "MARKET"
 	StreamDeadLetter = "DEADLETTER"
+	// StreamAudit keeps the gateway's record of every state-changing call.
+	StreamAudit = "AUDIT"
 	// StreamAdvisories captures the server's max-deliveries advisories.
 	StreamAdvisories = bus.AdvisoryStream
 	// HeartbeatBucket is the KV bucket of node heartbeats (stream KV_HEARTBEATS).
 	HeartbeatBucket = "HEARTBEATS"
+	// IdentityBucket holds the tenants and the API keys (hashes only) of
+	// the tenant API: the system of record of who may call it.
+	IdentityBucket = "IDENTITY"
+	// IdempotencyBucket holds the first answer to each POST that carried an
+	// Idempotency-Key, for IdempotencyTTL.
+	IdempotencyBucket = "IDEMPOTENCY"
+	// RentalViewBucket is the rental read model (shared/rentalview).
+	RentalViewBucket = "RENTAL_VIEW"
 )
+
+// IdempotencyTTL is how long a POST's first answer is replayed.
+const IdempotencyTTL = 24 * time.Hour
 
 // DuplicateWindow is how long a stream remembers event ids. Producers that
 // retry for longer must re-derive the same id and rely on consumer
@@ -62,8 +75,20 @@ func Streams(replicas int) []bus.Stream {
 			Subjects: []string{subject.SpotPriceChangedAll}, Duplicates: DuplicateWindow, Replicas: replicas},
 		{Name: StreamDeadLetter, Description: "messages a consumer could not process, with the reason in headers",
 			Subjects: []string{subject.DeadLetterAll}, Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamAudit, Description: "the tenant API's audit log: who changed what, when, from where; never expires",
+			Subjects: []string{subject.AuditAll}, Duplicates: DuplicateWindow, Replicas: replicas},
 		{Name: StreamAdvisories, Description: "the server's notices that a consumer gave up on a message; forwarded to DEADLETTER",
 			Subjects: []string{subject.MaxDeliveriesAdvisoryAll}, MaxAge: 7 * day, Replicas: replicas},
+	}
+}
+
+// Buckets returns the key-value buckets of the tenant API (the heartbeat
+// bucket is Heartbeats; the rental read model's bucket is created by
+// shared/rentalview).
+func Buckets(replicas int) []bus.Bucket {
+	return []bus.Bucket{
+		{Name: IdentityBucket, Description: "tenants and API keys (sha256 hashes only)", History: 5, Replicas: replicas},
+		{Name: IdempotencyBucket, Description: "first answers to POSTs with an Idempotency-Key", TTL: IdempotencyTTL, Replicas: replicas},
 	}
 }
 
@@ -94,6 +119,9 @@ type Service struct {
 	// (e.g. one agent-<node> durable per node) on a stream.
 	ConsumerPrefixes []StreamConsumer
 	Heartbeats       HeartbeatAccess
+	// Buckets are the key-value buckets it may create, read, write and
+	// watch.
+	Buckets []string
 }
 
 // StreamConsumer names a stream and a durable (or a wildcard '*' durable).
@@ -106,6 +134,8 @@ const (
 	Autoscaler = "autoscaler"
 	Failover   = "failover"
 	NodeAgent  = "node-agent"
+	// Gateway is the tenant API (services/gateway).
+	Gateway = "gateway"
 	// Admin provisions streams and acts for tenants and operators in the
 	// CLI; it may do anything.
 	Admin = "admin"
@@ -202,8 +232,22 @@ func Services() []Service {
 			ConsumerPrefixes: []StreamConsumer{{Stream: StreamAgentCmds, Durable: "*"}},
 			Heartbeats:       WritesHeartbeats,
 		},
+		{
+			Name: Gateway,
+			// It publishes for the tenant its API key names, and records
+			// every state-changing call.
+			Publishes: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll, subject.AuditRecordedAll},
+			// Every replica runs the rental read model's projector on one
+			// shared durable (shared/rentalview).
+			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: RentalViewDurable, FilterSubjects: []string{subject.RentalAll}}},
+			Buckets:   []string{IdentityBucket, IdempotencyBucket, RentalViewBucket},
+		},
 	}
 }
+
+// RentalViewDurable is the rental read model projector's durable on
+// RENTALS (shared/rentalview.Durable).
+const RentalViewDurable = "rentalview"
 
 // ServiceNamed returns the declared service called name.
 func ServiceNamed(name string) (Service, bool) {
