@@ -36,25 +36,25 @@ func rentalRoutes(g *Gateway) []route {
 // rentalBody is the API's Rental: the read model's record without its
 // stream sequence.
 type rentalBody struct {
-	ID          string                 `json:"rental_id"`
-	Tenant      string                 `json:"tenant_id"`
-	State       string                 `json:"state"`
-	Why         string                 `json:"why,omitempty"`
-	Node        string                 `json:"node,omitempty"`
-	GPUs        []int32                `json:"gpus,omitempty"`
-	Model       string                 `json:"model,omitempty"`
-	Plan        string                 `json:"plan,omitempty"`
-	Shape       string                 `json:"shape,omitempty"`
-	GPUCount    int32                  `json:"gpu_count,omitempty"`
-	MilliGPU    int32                  `json:"milli_gpu,omitempty"`
-	VRAMMiB     int64                  `json:"vram_mib,omitempty"`
-	Labels      map[string]string      `json:"labels,omitempty"`
-	Attempt     int32                  `json:"attempt,omitempty"`
-	RequestedAt time.Time              `json:"requested_at,omitzero"`
-	UpdatedAt   time.Time              `json:"updated_at,omitzero"`
-	Since       time.Time              `json:"since"`
-	Segments    []rentalview.Segment   `json:"segments,omitempty"`
-	Timeline    []rentalview.Step      `json:"timeline"`
+	ID          string               `json:"rental_id"`
+	Tenant      string               `json:"tenant_id"`
+	State       string               `json:"state"`
+	Why         string               `json:"why,omitempty"`
+	Node        string               `json:"node,omitempty"`
+	GPUs        []int32              `json:"gpus,omitempty"`
+	Model       string               `json:"model,omitempty"`
+	Plan        string               `json:"plan,omitempty"`
+	Shape       string               `json:"shape,omitempty"`
+	GPUCount    int32                `json:"gpu_count,omitempty"`
+	MilliGPU    int32                `json:"milli_gpu,omitempty"`
+	VRAMMiB     int64                `json:"vram_mib,omitempty"`
+	Labels      map[string]string    `json:"labels,omitempty"`
+	Attempt     int32                `json:"attempt,omitempty"`
+	RequestedAt time.Time            `json:"requested_at,omitzero"`
+	UpdatedAt   time.Time            `json:"updated_at,omitzero"`
+	Since       time.Time            `json:"since"`
+	Segments    []rentalview.Segment `json:"segments,omitempty"`
+	Timeline    []rentalview.Step    `json:"timeline"`
 }
 
 func toBody(r *rentalview.Rental) rentalBody {
