@@ -1,7 +1,6 @@
 package app
 
 import (
-	"errors"
 	"regexp"
 	"strings"
 
@@ -16,32 +15,26 @@ func fieldErrors(err error) []fieldError {
 	var out []fieldError
 	var walk func(where string, err error)
 	walk = func(where string, err error) {
-		var multi openapi3.MultiError
-		var reqErr *openapi3filter.RequestError
-		var schemaErr *openapi3.SchemaError
-		switch {
-		case errors.As(err, &multi):
-			for _, e := range multi {
-				walk(where, e)
+		switch e := err.(type) {
+		case openapi3.MultiError:
+			for _, inner := range e {
+				walk(where, inner)
 			}
-		case errors.As(err, &reqErr):
+		case *openapi3filter.RequestError:
 			w := where
-			if p := reqErr.Parameter; p != nil {
+			if p := e.Parameter; p != nil {
 				w = p.In + " " + p.Name
 			}
-			if reqErr.Err == nil {
-				out = append(out, fieldError{Field: orBody(w), Reason: reqErr.Reason})
-				return
+			switch e.Err.(type) {
+			case nil:
+				out = append(out, fieldError{Field: orBody(w), Reason: e.Reason})
+			case openapi3.MultiError, *openapi3.SchemaError:
+				walk(w, e.Err)
+			default:
+				out = append(out, fieldError{Field: orBody(w), Reason: strings.TrimSpace(e.Reason + " " + e.Err.Error())})
 			}
-			var inner *openapi3.SchemaError
-			var innerMulti openapi3.MultiError
-			if !errors.As(reqErr.Err, &inner) && !errors.As(reqErr.Err, &innerMulti) {
-				out = append(out, fieldError{Field: orBody(w), Reason: strings.TrimSpace(reqErr.Reason + " " + reqErr.Err.Error())})
-				return
-			}
-			walk(w, reqErr.Err)
-		case errors.As(err, &schemaErr):
-			out = append(out, schemaField(where, schemaErr))
+		case *openapi3.SchemaError:
+			out = append(out, schemaField(where, e))
 		default:
 			out = append(out, fieldError{Field: orBody(where), Reason: err.Error()})
 		}

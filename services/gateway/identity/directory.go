@@ -125,6 +125,7 @@ func (d *Directory) CreateKey(ctx context.Context, tenant string, scope Scope, n
 	if _, err := d.kv.Create(ctx, keyKey(id), b); err != nil {
 		return Key{}, "", fmt.Errorf("create key: %w", err)
 	}
+	d.store(k)
 	return k, whole, nil
 }
 
