@@ -54,7 +54,7 @@ func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger) (
 		return nil, fmt.Errorf("openapi router: %w", err)
 	}
 	js := conn.JetStream()
-	if err := conn.EnsureBuckets(ctx, topology.Buckets(1)...); err != nil {
+	if err := conn.EnsureBuckets(ctx, topology.Buckets(opts.Replicas)...); err != nil {
 		return nil, err
 	}
 	g := &Gateway{opts: opts, log: log, bus: conn, doc: doc, router: router, limits: newLimiter(opts.RatePerSecond, opts.RateBurst), now: time.Now}
