@@ -116,7 +116,8 @@ type Service struct {
 	// Consumers are the durables it pulls from.
 	Consumers []bus.Consumer
 	// ConsumerPrefixes are durable name prefixes it may create per instance
-	// (e.g. one agent-<node> durable per node) on a stream.
+	// (e.g. one agent-<node> durable per node) on a stream, or durables it
+	// declares itself.
 	ConsumerPrefixes []StreamConsumer
 	Heartbeats       HeartbeatAccess
 	// Buckets are the key-value buckets it may create, read, write and
@@ -238,8 +239,10 @@ func Services() []Service {
 			// every state-changing call.
 			Publishes: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll, subject.AuditRecordedAll},
 			// Every replica runs the rental read model's projector on one
-			// shared durable (shared/rentalview).
-			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: RentalViewDurable, FilterSubjects: []string{subject.RentalAll}}},
+			// shared durable, which shared/rentalview declares itself (a
+			// pinned priority group; it skips what it cannot fold rather
+			// than dead-lettering it, so it is no bus.Consumer).
+			ConsumerPrefixes: []StreamConsumer{{Stream: StreamRentals, Durable: RentalViewDurable}},
 			Buckets:   []string{IdentityBucket, IdempotencyBucket, RentalViewBucket},
 		},
 	}
