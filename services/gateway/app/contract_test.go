@@ -134,7 +134,15 @@ func TestBadInputGetsAProblemNamingTheField(t *testing.T) {
 			t.Errorf("%s: the problem speaks in enum names: %s", c.name, a.Body)
 		}
 	}
-	a := h.do(req{method: "GET", path: "/v1/rentals?limit=5000", key: key})
+	a := h.do(req{method: "POST", path: "/v1/rentals", key: key})
+	if a.Status != http.StatusBadRequest || !a.problem(t).names("body") {
+		t.Errorf("no body: %d %s", a.Status, a.Body)
+	}
+	a = h.do(req{method: "GET", path: "/v1/rentals", header: map[string]string{"Authorization": "bearer " + key}})
+	if a.Status != http.StatusOK {
+		t.Errorf("the scheme in lower case: %d %s", a.Status, a.Body)
+	}
+	a = h.do(req{method: "GET", path: "/v1/rentals?limit=5000", key: key})
 	if p := a.problem(t); a.Status != http.StatusBadRequest || !p.names("query limit") {
 		t.Errorf("limit 5000: %d %s", a.Status, a.Body)
 	}

@@ -119,8 +119,8 @@ func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request, rt route, c 
 	if rt.access == public {
 		return true
 	}
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || token == "" {
+	scheme, token, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="shizu"`)
 		writeProblem(w, r, http.StatusUnauthorized, probUnauthorized, "send an API key: Authorization: Bearer shz_...")
 		return false
