@@ -31,7 +31,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defer done()
 		_ = rt.Close(closeCtx)
 	}()
-	g, err := Open(runCtx, rt.Bus, cfg.Options, rt.Log)
+	g, err := Open(runCtx, rt.Bus, cfg.Options, rt.Log, rt.Telemetry.MeterProvider())
 	if err != nil {
 		return err
 	}

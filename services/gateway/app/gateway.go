@@ -11,6 +11,7 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/shizu-gpu/shizu/services/gateway/api"
 	"github.com/shizu-gpu/shizu/services/gateway/identity"
@@ -21,24 +22,25 @@ import (
 
 // Gateway is one replica of the tenant API: its Handler serves /v1.
 type Gateway struct {
-	opts   Options
-	log    *slog.Logger
-	bus    *bus.Conn
-	doc    *openapi3.T
-	router routers.Router
-	routes map[string]route
-	dir    *identity.Directory
-	views  *rentalview.Store
-	idem   jetstream.KeyValue
-	limits *limiter
-	now    func() time.Time
+	opts    Options
+	log     *slog.Logger
+	bus     *bus.Conn
+	doc     *openapi3.T
+	router  routers.Router
+	routes  map[string]route
+	dir     *identity.Directory
+	views   *rentalview.Store
+	idem    jetstream.KeyValue
+	limits  *limiter
+	metrics *metrics
+	now     func() time.Time
 }
 
 // Open builds a replica on conn (the gateway's NATS user): it ensures its
 // buckets, loads the keys into a watched cache (until ctx ends) and, with
 // opts.Projector, starts the rental read model's projector (until ctx
-// ends). The returned Gateway serves once Handler is mounted.
-func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger) (*Gateway, error) {
+// ends). mp (nil: none) receives its metrics (metrics.go). The returned Gateway serves once Handler is mounted.
+func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger, mp metric.MeterProvider) (*Gateway, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
@@ -57,7 +59,12 @@ func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger) (
 	if err := conn.EnsureBuckets(ctx, topology.Buckets(opts.Replicas)...); err != nil {
 		return nil, err
 	}
-	g := &Gateway{opts: opts, log: log, bus: conn, doc: doc, router: router, limits: newLimiter(opts.RatePerSecond, opts.RateBurst), now: time.Now}
+	m, err := newMetrics(mp)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{opts: opts, log: log, bus: conn, doc: doc, router: router, limits: newLimiter(opts.RatePerSecond, opts.RateBurst),
+		metrics: m, now: time.Now}
 	if g.idem, err = js.KeyValue(ctx, topology.IdempotencyBucket); err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", topology.IdempotencyBucket, err)
 	}

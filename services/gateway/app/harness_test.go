@@ -91,7 +91,7 @@ func newHarness(t *testing.T, replicas int, opts app.Options) *harness {
 		conn := d.Connect(t, topology.Gateway)
 		ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 		t.Cleanup(cancel)
-		g, err := app.Open(ctx, conn, opts, log)
+		g, err := app.Open(ctx, conn, opts, log, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

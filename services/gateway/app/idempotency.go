@@ -106,6 +106,7 @@ func (g *Gateway) claim(w http.ResponseWriter, r *http.Request, c *call, k, fp s
 		case prev.Done:
 			w.Header().Set("Content-Type", prev.ContentType)
 			w.Header().Set("Content-Length", strconv.Itoa(len(prev.Body)))
+			g.metrics.replayed.Add(ctx, 1)
 			w.Header().Set("Idempotency-Replayed", "true")
 			w.WriteHeader(prev.Status)
 			_, _ = w.Write(prev.Body)
