@@ -38,7 +38,7 @@ var decoders sync.Once
 // behind its own HTTP server. Every answer it reads is validated against
 // the OpenAPI document.
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	d      *testkit.Deployment
 	admin  *bus.Conn
 	doc    *openapi3.T
@@ -73,7 +73,7 @@ func testOptions() app.Options {
 	return o
 }
 
-func newHarness(t *testing.T, replicas int, opts app.Options) *harness {
+func newHarness(t testing.TB, replicas int, opts app.Options) *harness {
 	t.Helper()
 	decoders.Do(func() { openapi3filter.RegisterBodyDecoder("text/event-stream", openapi3filter.PlainBodyDecoder) })
 	d := testkit.Platform(t)
@@ -137,7 +137,7 @@ type answer struct {
 	Body   []byte
 }
 
-func (a answer) json(t *testing.T, v any) {
+func (a answer) json(t testing.TB, v any) {
 	t.Helper()
 	if err := json.Unmarshal(a.Body, v); err != nil {
 		t.Fatalf("decode %s: %v", a.Body, err)
@@ -145,7 +145,7 @@ func (a answer) json(t *testing.T, v any) {
 }
 
 // problem decodes a problem answer.
-func (a answer) problem(t *testing.T) problemDoc {
+func (a answer) problem(t testing.TB) problemDoc {
 	t.Helper()
 	if ct := a.Header.Get("Content-Type"); ct != "application/problem+json" {
 		t.Fatalf("content type %q, want application/problem+json: %s", ct, a.Body)
