@@ -72,6 +72,9 @@ func TestTheResponseValidatorRefusesAnExtraAndAMissingField(t *testing.T) {
 	if err := h.validate("GET", "/v1/rentals/"+id, extra); err == nil || !strings.Contains(err.Error(), "seq") {
 		t.Errorf("an answer with an extra field passed validation: %v", err)
 	}
+	if err := h.validate("GET", "/v1/rentals/"+id, answer{Status: good.Status, Header: good.Header}); err == nil {
+		t.Error("an empty answer passed validation")
+	}
 	missing := mutate(func(m map[string]any) { delete(m, "state") })
 	if err := h.validate("GET", "/v1/rentals/"+id, missing); err == nil || !strings.Contains(err.Error(), "state") {
 		t.Errorf("an answer without a required field passed validation: %v", err)
