@@ -2,11 +2,13 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
@@ -56,6 +58,9 @@ func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger, m
 		return nil, fmt.Errorf("openapi router: %w", err)
 	}
 	js := conn.JetStream()
+	if err := waitProvisioned(ctx, js, log); err != nil {
+		return nil, err
+	}
 	if err := conn.EnsureBuckets(ctx, topology.Buckets(opts.Replicas)...); err != nil {
 		return nil, err
 	}
@@ -92,6 +97,23 @@ func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger, m
 		}
 	}
 	return g, nil
+}
+
+// waitProvisioned waits (until ctx ends) for the streams `shizu provision`
+// creates: the gateway publishes to RENTALS and AUDIT (provisioned together,
+// RENTALS first) and projects RENTALS, and never creates streams itself.
+func waitProvisioned(ctx context.Context, js jetstream.JetStream, log *slog.Logger) error {
+	eb := backoff.NewExponentialBackOff(backoff.WithInitialInterval(200*time.Millisecond),
+		backoff.WithMaxInterval(5*time.Second), backoff.WithMaxElapsedTime(0))
+	return backoff.RetryNotify(func() error {
+		_, err := js.Stream(ctx, topology.StreamRentals)
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return backoff.Permanent(fmt.Errorf("stream %s: %w", topology.StreamRentals, err))
+		}
+		return err
+	}, backoff.WithContext(eb, ctx), func(_ error, next time.Duration) {
+		log.Warn("stream not provisioned yet; run `shizu provision` as admin", "stream", topology.StreamRentals, "retry_in", next)
+	})
 }
 
 // access is who may call a route.

@@ -116,3 +116,29 @@ func TestRunServesAndTheCommandsManageTenantsAndKeys(t *testing.T) {
 		t.Fatal("Run did not return after its context ended")
 	}
 }
+
+// A gateway started before `shizu provision` waits for the streams, then
+// serves.
+func TestAGatewayWaitsForTheStreams(t *testing.T) {
+	t.Parallel()
+	d := testkit.Platform(t, testkit.WithoutStreams())
+	opened := make(chan error, 1)
+	go func() {
+		_, err := app.Open(t.Context(), d.Connect(t, topology.Gateway), testOptions(), nil, nil)
+		opened <- err
+	}()
+	select {
+	case err := <-opened:
+		t.Fatalf("Open returned before the streams exist: %v", err)
+	default:
+	}
+	d.Provision(t)
+	select {
+	case err := <-opened:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Open did not return after provisioning")
+	}
+}

@@ -63,12 +63,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, rid))
 	sw := &statusWriter{ResponseWriter: w}
 	c := &call{log: g.log.With("request_id", rid)}
-	routeName := "unknown"
+	routeName, method := "unknown", "other" // a client's own method is no label
 	defer func() {
 		took := g.now().Sub(start)
 		c.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", sw.status, "key_id", c.key.ID,
 			"tenant", c.tenant, "duration_ms", float64(took.Microseconds())/1000)
-		attrs := routeAttrs(routeName, r.Method, sw.status)
+		attrs := routeAttrs(routeName, method, sw.status)
 		g.metrics.requests.Add(r.Context(), 1, attrs)
 		g.metrics.duration.Record(r.Context(), took.Seconds(), attrs)
 	}()
@@ -76,7 +76,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	routeName = rt.path
+	routeName, method = rt.path, rt.method
 	c.params = kr.params
 	if !g.authorize(sw, r, rt, c) {
 		return
