@@ -308,3 +308,17 @@ func TestConcurrentRetriesWithOneIdempotencyKeyMakeOneRental(t *testing.T) {
 		t.Fatalf("%d rentals requested by %d concurrent retries, want 1", c, n)
 	}
 }
+
+func TestAnOperatorEndpointRefusesTenantKeys(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 1, testOptions())
+	h.gws[0].OperatorOnly("GET /v1/rentals")
+	rw := h.tenant("acme", identity.ReadWrite)
+	op := h.key("", identity.Operator)
+	if a := h.do(req{method: "GET", path: "/v1/rentals", key: rw}); a.Status != http.StatusForbidden || !strings.Contains(a.problem(t).Detail, "operator key") {
+		t.Fatalf("a tenant key on an operator endpoint: %d %s", a.Status, a.Body)
+	}
+	if a := h.do(req{method: "GET", path: "/v1/rentals", key: op}); a.Status != http.StatusOK {
+		t.Fatalf("an operator key on an operator endpoint: %d %s", a.Status, a.Body)
+	}
+}
