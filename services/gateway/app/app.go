@@ -50,6 +50,9 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() { served <- srv.Serve(ln) }()
 	rt.SetReady(true)
 	rt.Log.Info("gateway serving", "listen", ln.Addr().String())
+	if cfg.OnListen != nil {
+		cfg.OnListen(ln.Addr().String())
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-served:

@@ -22,6 +22,9 @@ type Config struct {
 	// Listen is the address of the tenant API (the health and metrics
 	// endpoint is Service.HTTPAddr).
 	Listen string
+	// OnListen, when set, is told the address the API listens on once it
+	// does (Listen may be "127.0.0.1:0"); not a flag: for `shizu dev`.
+	OnListen func(addr string)
 	Options
 }
 

@@ -37,7 +37,9 @@ func TestRunServesAndTheCommandsManageTenantsAndKeys(t *testing.T) {
 	cfg.Service = d.ServiceConfig(t, topology.Gateway)
 	cfg.Service.RedisURL = ""
 	cfg.Service.HTTPAddr = freeAddr(t)
-	cfg.Listen = freeAddr(t)
+	cfg.Listen = "127.0.0.1:0"
+	listening := make(chan string, 1)
+	cfg.OnListen = func(addr string) { listening <- addr }
 	ctx, stop := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- app.Run(ctx, cfg) }()
@@ -64,6 +66,7 @@ func TestRunServesAndTheCommandsManageTenantsAndKeys(t *testing.T) {
 		}
 		return err
 	})
+	cfg.Listen = <-listening
 	env := []string{"-nats-url", d.NATS.URL, "-nats-user", topology.Gateway, "-nats-password", testkit.Password(topology.Gateway)}
 	command := func(args ...string) (int, string, string) {
 		var out, errOut bytes.Buffer
