@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -97,11 +96,8 @@ func parseBenchFlags(args []string, checks []benchCheck, stderr io.Writer) (o be
 	fs.StringVar(&o.out, "o", "table", "output: table or json")
 	fs.BoolVar(&o.reportOnly, "report-only", false, "exit 0 even when a check misses its goal (the report still says FAIL)")
 	fs.Usage = func() { benchUsage(fs, checks, stderr) }
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return o, 0
-		}
-		return o, 2
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return o, flagExit(err)
 	}
 	switch {
 	case fs.NArg() > 0:

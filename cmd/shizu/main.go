@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 )
 
@@ -39,6 +40,20 @@ Run "shizu <command> -h" for a command's flags and examples.
 `
 
 var version = "dev"
+
+// commandHint names the command closest to a mistyped one ("; did you
+// mean rent?"), or "" when none is close.
+func commandHint(name string) string {
+	names := []string{"dev", "provision", "replay", "bench", "version", "help"}
+	for n := range verbs() {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	if best := closest(name, names); best != "" {
+		return "; did you mean " + best + "?"
+	}
+	return ""
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -72,7 +87,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if v, ok := verbs()[args[0]]; ok {
 			return v.main(ctx, args[1:], stdout, stderr)
 		}
-		fmt.Fprintf(stderr, "shizu: unknown command %q\n\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "shizu: unknown command %q%s (see 'shizu help')\n", args[0], commandHint(args[0]))
 		return 2
 	}
 }
