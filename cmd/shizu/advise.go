@@ -89,7 +89,7 @@ var adviseVerb = verb{
 				return err
 			}
 			if cf.output == "json" {
-				return printJSON(stdout, map[string]any{"model": *model, "prices": source, "on_demand_micros": onDemand.Micros, "advice": adv})
+				return printJSON(stdout, adviceJSON(*model, onDemand, source, adv))
 			}
 			return printAdvice(stdout, *model, onDemand, source, adv)
 		}
@@ -136,6 +136,47 @@ func adviceMarket(ctx context.Context, cf clientFlags, onDemand pricing.Money, m
 		m.SpotByHourMicros[h] = flat
 	}
 	return m, source, nil
+}
+
+// adviceView is what `shizu advise -o json` prints.
+type adviceView struct {
+	Model          string      `json:"model"`
+	Prices         string      `json:"prices"`
+	OnDemandMicros int64       `json:"on_demand_micros"`
+	Currency       string      `json:"currency"`
+	Advice         adviceTotal `json:"advice"`
+}
+
+// adviceTotal is the recommended schedule and its cost against all on
+// demand.
+type adviceTotal struct {
+	Blocks            []adviceBlock `json:"blocks"`
+	TotalMicros       int64         `json:"total_micros"`
+	AllOnDemandMicros int64         `json:"all_on_demand_micros"`
+	SavingMicros      int64         `json:"saving_micros"`
+	Currency          string        `json:"currency"`
+}
+
+// adviceBlock is one block of the schedule: what runs, on which plan,
+// when, on how many GPUs, at what cost.
+type adviceBlock struct {
+	What   string    `json:"what"`
+	Plan   string    `json:"plan"`
+	Start  time.Time `json:"start"`
+	End    time.Time `json:"end"`
+	GPUs   int32     `json:"gpus"`
+	Micros int64     `json:"cost_micros"`
+}
+
+func adviceJSON(model string, onDemand pricing.Money, source string, adv advisor.Advice) adviceView {
+	v := adviceView{Model: model, Prices: source, OnDemandMicros: onDemand.Micros, Currency: onDemand.Currency,
+		Advice: adviceTotal{Blocks: []adviceBlock{}, TotalMicros: adv.TotalMicros, AllOnDemandMicros: adv.AllOnDemandMicros,
+			SavingMicros: adv.SavingMicros, Currency: adv.Currency}}
+	for _, b := range adv.Blocks {
+		v.Advice.Blocks = append(v.Advice.Blocks, adviceBlock{What: b.What, Plan: planName(b.Plan), Start: b.Start.UTC(), End: b.End.UTC(),
+			GPUs: b.GPUs, Micros: b.Micros})
+	}
+	return v
 }
 
 // printAdvice writes the advice as a table of blocks and the saving.

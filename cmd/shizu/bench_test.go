@@ -24,6 +24,8 @@ func TestBenchPrintsEveryCheckWithItsCeilingAndGoal(t *testing.T) {
 	if code := run(t.Context(), []string{"bench", "-n", "40", "-o", "json", "-report-only"}, &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
+	// Every key, the checks' extra figures too, is snake_case.
+	assertSnakeJSON(t, "bench", out.Bytes(), "results", "extra")
 	var rep benchReport
 	dec := json.NewDecoder(&out)
 	dec.DisallowUnknownFields()

@@ -20,7 +20,7 @@ Usage:
   shizu provision [flags]  create or update the JetStream streams (as the admin user)
   shizu replay [flags]     replay the Alibaba GPU trace through the placement policies
   shizu bench [flags]      measure the performance checks against ceilings of this machine
-  shizu version            print the version
+  shizu version            print the release and the commit it was built from
 
 Tenant:
   shizu rent [flags]       rent GPUs (whole, fraction, NVLink, MIG, TEE; on-demand, reserved, spot)
@@ -38,8 +38,6 @@ Operator:
 
 Run "shizu <command> -h" for a command's flags and examples.
 `
-
-var version = "dev"
 
 // commandHint names the command closest to a mistyped one ("; did you
 // mean rent?"), or "" when none is close.
@@ -78,8 +76,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "bench":
 		return benchCommand(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
-		fmt.Fprintln(stdout, "shizu", version)
-		return 0
+		return versionCommand(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help", "-help":
 		fmt.Fprint(stdout, usage)
 		return 0

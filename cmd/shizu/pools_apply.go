@@ -50,12 +50,28 @@ var poolsApplyVerb = verb{
 			if err := publishPool(ctx, cf, ev); err != nil {
 				return err
 			}
+			if cf.output == "json" {
+				return printJSON(stdout, poolPublished{Pool: pool.ID, Tenant: pool.Tenant, Declared: true,
+					MinReplicas: pool.MinReplicas, MaxReplicas: pool.MaxReplicas, GPUs: pool.Rental.GPUCount})
+			}
 			fmt.Fprintf(stdout, "pool %s of %s declared: %d to %d replicas of %d GPU(s).\n", pool.ID, pool.Tenant,
 				pool.MinReplicas, pool.MaxReplicas, pool.Rental.GPUCount)
 			fmt.Fprint(stdout, deadLetterHint)
 			return nil
 		}
 	},
+}
+
+// poolPublished is what `shizu pools apply` and `withdraw` print with
+// -o json: what was published (the autoscaler may still refuse it).
+type poolPublished struct {
+	Pool        string `json:"pool_id"`
+	Tenant      string `json:"tenant_id"`
+	Declared    bool   `json:"declared,omitempty"`
+	Withdrawn   bool   `json:"withdrawn,omitempty"`
+	MinReplicas int    `json:"min_replicas,omitempty"`
+	MaxReplicas int    `json:"max_replicas,omitempty"`
+	GPUs        int32  `json:"gpus_per_replica,omitempty"`
 }
 
 // deadLetterHint follows a published declaration or withdrawal: the
@@ -80,6 +96,9 @@ var poolsWithdrawVerb = verb{
 			ev := &shizuv1.PoolDeclared{PoolId: args[0], TenantId: *tenant, Withdrawn: true}
 			if err := publishPool(ctx, cf, ev); err != nil {
 				return err
+			}
+			if cf.output == "json" {
+				return printJSON(stdout, poolPublished{Pool: args[0], Tenant: *tenant, Withdrawn: true})
 			}
 			fmt.Fprintf(stdout, "withdrawal of pool %s of %s published: the autoscaler cancels its replicas and forgets its policy.\n", args[0], *tenant)
 			fmt.Fprint(stdout, deadLetterHint)

@@ -366,7 +366,7 @@ func TestAdviseOffline(t *testing.T) {
 	t.Parallel()
 	var out, errOut bytes.Buffer
 	code := run(t.Context(), []string{"advise", "-offline", "-spot-price", "0.80", "-training-gpu-hours", "100", "-training-gpus", "4", "-o", "json"}, &out, &errOut)
-	if code != 0 || !strings.Contains(out.String(), `"SavingMicros"`) || !strings.Contains(out.String(), "assumed flat spot price 0.800000 USD") {
+	if code != 0 || !strings.Contains(out.String(), `"saving_micros"`) || !strings.Contains(out.String(), "assumed flat spot price 0.800000 USD") {
 		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errOut.String())
 	}
 }
