@@ -80,12 +80,13 @@ func assertSnakeJSON(t *testing.T, what string, data []byte, want ...string) {
 	}
 }
 
-// TestEveryVerbPrintsSnakeCaseJSON runs every verb with -o json against a
-// real NATS (the platform's users and streams) and Redis holding a few
-// stored events and a registered node, decodes what it prints and checks
-// every key is snake_case, with the keys a script relies on.
-func TestEveryVerbPrintsSnakeCaseJSON(t *testing.T) {
-	t.Parallel()
+// seedPlatform starts a platform (real NATS with the platform's users and
+// streams, real Redis) holding a few events of tenant acme (rental r-1
+// requested, scheduled and started on n1, billed and invoiced; pool chat
+// scaled; node n1 registered and in the capacity store) and returns it
+// with the connection flags of the CLI.
+func seedPlatform(t *testing.T) (*testkit.Deployment, []string) {
+	t.Helper()
 	d := testkit.Platform(t)
 	ctx := t.Context()
 	now := time.Now().UTC().Truncate(time.Second)
@@ -125,14 +126,25 @@ func TestEveryVerbPrintsSnakeCaseJSON(t *testing.T) {
 		GPUs: []capacity.GPU{{Index: 0, UUID: "GPU-0", Model: "H100-SXM5-80GB", VRAMMiB: 81559}}}); err != nil {
 		t.Fatal(err)
 	}
+	return d, []string{"-dev-dir", t.TempDir(), "-nats-url", d.NATS.URL, "-nats-user", topology.Admin,
+		"-nats-password", testkit.Password(topology.Admin), "-redis-url", "redis://" + d.Redis.Addr + "/0"}
+}
+
+// TestEveryVerbPrintsSnakeCaseJSON runs every verb with -o json against a
+// real NATS (the platform's users and streams) and Redis holding a few
+// stored events and a registered node, decodes what it prints and checks
+// every key is snake_case, with the keys a script relies on.
+func TestEveryVerbPrintsSnakeCaseJSON(t *testing.T) {
+	t.Parallel()
+	_, conn := seedPlatform(t)
+	ctx := t.Context()
+	conn = append([]string{"-o", "json"}, conn...)
 	pool := filepath.Join(t.TempDir(), "chat.json")
 	if err := os.WriteFile(pool, []byte(`{"id":"chat","tenant":"acme","rental":{"gpu_count":1,"milli_gpu":1000},
 		"min_replicas":1,"max_replicas":4,"max_step_out":1,"max_step_in":1,
 		"target_tracking":{"metric":"requests_per_second_per_replica","value":100}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	conn := []string{"-o", "json", "-dev-dir", t.TempDir(), "-nats-url", d.NATS.URL, "-nats-user", topology.Admin,
-		"-nats-password", testkit.Password(topology.Admin), "-redis-url", "redis://" + d.Redis.Addr + "/0"}
 	for _, c := range []struct {
 		args []string
 		want []string

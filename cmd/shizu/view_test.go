@@ -320,7 +320,7 @@ func TestVerbsFailInOneLine(t *testing.T) {
 		want string
 	}{
 		{"rent refuses a fraction above one GPU", []string{"rent", "-fraction", "1.5", "-vram", "1G"}, 2, "-fraction"},
-		{"rent refuses an NVLink MIG slice", []string{"rent", "-gpus", "2", "-nvlink", "-mig", "1g.10gb"}, 2, "mig_profile"},
+		{"rent refuses an NVLink MIG slice", []string{"rent", "-gpus", "2", "-nvlink", "-mig", "1g.10gb"}, 2, "-mig 1g.10gb is one whole MIG slice"},
 		{"rent refuses a spot cap on demand", []string{"rent", "-max-price", "1.0"}, 2, "a maximum price is only for -plan spot"},
 		{"rent refuses an unknown flag", []string{"rent", "-gpu", "2"}, 2, "flag provided but not defined"},
 		{"ls without a platform says how to start one", []string{"ls", "-dev-dir", empty}, 1, "start one with `shizu dev`"},
