@@ -132,7 +132,7 @@ func TestTablesAndErrorsSpeakPeoplesWords(t *testing.T) {
 	publish(subject.RentalPending, "acme", &shizuv1.RentalPending{Meta: meta("p2", now), RentalId: "r-2", TenantId: "acme",
 		Reason: shizuv1.PendingReason_PENDING_REASON_SPOT_PRICE_ABOVE_MAX, Message: "MARKET_SPOT price above spec.max_spot_price_per_gpu_hour"})
 	publish(subject.RentalRejected, "acme", &shizuv1.RentalRejected{Meta: meta("x2", now), RentalId: "r-2", TenantId: "acme",
-		Reason: shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC,
+		Reason:  shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC,
 		Message: "spec.mig_profile: \"7g.80gb\" is one whole MIG instance: needs gpu_count 1, milli_gpu 1000 and no NVLink (got gpu_count 2, milli_gpu 1000, INTERCONNECT_NVLINK)\nspec.plan: PLAN_SPOT"})
 	publish(subject.NodeHealth, "n1", &shizuv1.NodeHealthChanged{Meta: meta("h1", now), NodeId: "n1", Epoch: 1, GpuIndex: 0,
 		Health: shizuv1.Health_HEALTH_DEGRADED, Xid: 31})
