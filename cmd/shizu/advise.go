@@ -77,6 +77,9 @@ var adviseVerb = verb{
 			w := advisor.Workload{TrainingGPUHours: *trainHours, TrainingGPUs: int32(*trainGPUs), SpotOverheadPercent: *overhead,
 				TuningSessions: *sessions, SessionLength: *sessionLen, SessionGPUs: int32(*sessionGPUs),
 				From: from, Deadline: from.Add(time.Duration(*days) * 24 * time.Hour)}
+			if err := adviseFlagsProblem(w); err != nil {
+				return err
+			}
 			if err := w.Validate(); err != nil {
 				return usagef("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
 			}
@@ -94,6 +97,34 @@ var adviseVerb = verb{
 			return printAdvice(stdout, *model, onDemand, source, adv)
 		}
 	},
+}
+
+// adviseFlagsProblem names the flag of a workload the advisor would
+// refuse ("quantities must not be negative" does not say which).
+func adviseFlagsProblem(w advisor.Workload) error {
+	for _, f := range []struct {
+		flag string
+		bad  bool
+		v    any
+	}{
+		{"-training-gpu-hours", w.TrainingGPUHours < 0, w.TrainingGPUHours},
+		{"-spot-overhead", w.SpotOverheadPercent < 0, w.SpotOverheadPercent},
+		{"-sessions", w.TuningSessions < 0, w.TuningSessions},
+		{"-session-length", w.SessionLength < 0, w.SessionLength},
+	} {
+		if f.bad {
+			return usagef("%s %v: must not be negative", f.flag, f.v)
+		}
+	}
+	switch {
+	case w.TrainingGPUHours > 0 && w.TrainingGPUs < 1:
+		return usagef("-training-gpus %d: training needs at least one GPU (or -training-gpu-hours 0)", w.TrainingGPUs)
+	case w.TuningSessions > 0 && w.SessionGPUs < 1:
+		return usagef("-session-gpus %d: tuning sessions need at least one GPU (or -sessions 0)", w.SessionGPUs)
+	case w.TuningSessions > 0 && w.SessionLength <= 0:
+		return usagef("-session-length %s: tuning sessions need a length (or -sessions 0)", w.SessionLength)
+	}
+	return nil
 }
 
 // adviceMarket is the market the advice prices: the on-demand list price,

@@ -124,7 +124,7 @@ func publishPool(ctx context.Context, cf clientFlags, ev *shizuv1.PoolDeclared) 
 	now := time.Now()
 	ev.Meta = shizuv1.NewMeta("pool:"+ev.GetPoolId()+":declared:"+strconv.FormatInt(now.UnixNano(), 10), cliSource, "", ev.GetPoolId(), now)
 	if err := ev.Validate(); err != nil {
-		return invalid(err, fieldWords{"pool_id": "pool id", "tenant_id": "-tenant"})
+		return invalid(err, fieldWords{"pool_id": "pool id", "tenant_id": "-tenant", "policy_json": "the pool file (-f)"})
 	}
 	subj, err := subject.Format(subject.ScalePoolDeclared, ev.GetPoolId())
 	if err != nil {

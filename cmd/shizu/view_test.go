@@ -333,6 +333,9 @@ func TestVerbsFailInOneLine(t *testing.T) {
 		{"spot-price refuses a model that is no subject token", []string{"spot-price", "local", "H100 SXM", "2.10"}, 2, "zone or model"},
 		{"-o refuses unknown formats", []string{"ls", "-o", "yaml", "-dev-dir", empty}, 2, "want table or json"},
 		{"advise refuses an unknown model", []string{"advise", "-offline", "-model", "V100"}, 2, "not in the price catalogue"},
+		{"advise names a negative quantity's flag", []string{"advise", "-offline", "-sessions", "-3"}, 2, "-sessions -3: must not be negative"},
+		{"advise names the GPUs training lacks", []string{"advise", "-offline", "-training-gpus", "0"}, 2, "-training-gpus 0: training needs at least one GPU"},
+		{"advise names a session without a length", []string{"advise", "-offline", "-session-length", "0s"}, 2, "-session-length 0s: tuning sessions need a length"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
