@@ -99,7 +99,7 @@ func carriedBy(spec bus.Consumer) map[string]string {
 	return out
 }
 
-// overlap reports whether two subscribe forms (with '*' only) can match
+// overlap reports whether two subscribe forms ('*', or a trailing '>') can match
 // one subject.
 func overlap(a, b string) bool {
 	at, bt := strings.Split(a, "."), strings.Split(b, ".")
