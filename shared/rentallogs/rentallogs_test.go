@@ -212,7 +212,10 @@ func TestBadArgumentsAreRefusedNamingWhatIsWrong(t *testing.T) {
 		"a tenant with a dot": func() error { _, _, err := rentallogs.Tail(t.Context(), js, "a.b", "r-1", 10); return err },
 		"a wildcard rental":   func() error { _, _, err := rentallogs.Tail(t.Context(), js, "acme", "*", 10); return err },
 		"zero lines":          func() error { _, _, err := rentallogs.Tail(t.Context(), js, "acme", "r-1", 0); return err },
-		"too many lines":      func() error { _, _, err := rentallogs.Tail(t.Context(), js, "acme", "r-1", rentallogs.MaxTail+1); return err },
+		"too many lines": func() error {
+			_, _, err := rentallogs.Tail(t.Context(), js, "acme", "r-1", rentallogs.MaxTail+1)
+			return err
+		},
 		"following a '>' rental": func() error {
 			return rentallogs.Follow(t.Context(), js, "acme", ">", 0, func(rentallogs.Line) error { return nil })
 		},
