@@ -62,7 +62,7 @@ func (l Line) String() string {
 func Subject(tenant, rental string) (string, error) {
 	s, err := subject.Format(subject.Log, tenant, rental)
 	if err != nil {
-		return "", fault.Invalid("rental logs of tenant %q, rental %q: %v", tenant, rental, err)
+		return "", fault.Invalid("rental logs of tenant %q, rental %q: %w", tenant, rental, err)
 	}
 	return s, nil
 }
