@@ -26,6 +26,7 @@ const (
 	StreamDeadLetter = "DEADLETTER"
 	// StreamAudit keeps the gateway's record of every state-changing call.
 	StreamAudit = "AUDIT"
+	StreamLogs  = "LOGS"
 	// StreamAdvisories captures the server's max-deliveries advisories.
 	StreamAdvisories = bus.AdvisoryStream
 	// HeartbeatBucket is the KV bucket of node heartbeats (stream KV_HEARTBEATS).
@@ -47,6 +48,21 @@ const IdempotencyTTL = 24 * time.Hour
 // retry for longer must re-derive the same id and rely on consumer
 // idempotency as well.
 const DuplicateWindow = 10 * time.Minute
+
+// Bounds of the LOGS stream (rental output): each rental keeps at most
+// LogBatchesPerRental batches of at most LogMaxBatchBytes, the stream at
+// most LogsMaxBytes, and nothing older than LogsMaxAge; the oldest go
+// first. The node agent cuts a line at LogMaxLineBytes and a batch below
+// LogMaxBatchBytes (services/node-agent/logship).
+const (
+	LogsMaxAge          = 7 * 24 * time.Hour
+	LogsMaxBytes        = 1 << 30
+	LogBatchesPerRental = 2000
+	LogMaxBatchBytes    = 64 << 10
+	LogMaxLineBytes     = 16 << 10
+	// logsMaxMsgBytes leaves room for the batch's envelope and headers.
+	logsMaxMsgBytes = LogMaxBatchBytes + 8<<10
+)
 
 // Streams returns every stream with the given replica count (1 on a single
 // server, 3 on a cluster). Records of what happened (rentals, billing,
@@ -77,6 +93,10 @@ func Streams(replicas int) []bus.Stream {
 			Subjects: []string{subject.DeadLetterAll}, Duplicates: DuplicateWindow, Replicas: replicas},
 		{Name: StreamAudit, Description: "the tenant API's audit log: who changed what, when, from where; never expires",
 			Subjects: []string{subject.AuditAll}, Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamLogs, Description: "rental output logs: bounded per rental and in all, aged out after 7 days",
+			Subjects: []string{subject.LogAll}, MaxAge: LogsMaxAge, MaxBytes: LogsMaxBytes,
+			MaxMsgsPerSubject: LogBatchesPerRental, MaxMsgSize: logsMaxMsgBytes, AllowDirect: true,
+			Duplicates: 2 * time.Minute, Replicas: replicas},
 		{Name: StreamAdvisories, Description: "the server's notices that a consumer gave up on a message; forwarded to DEADLETTER",
 			Subjects: []string{subject.MaxDeliveriesAdvisoryAll}, MaxAge: 7 * day, Replicas: replicas},
 	}
@@ -226,7 +246,10 @@ func Services() []Service {
 		{
 			Name: NodeAgent,
 			Publishes: []string{subject.NodeRegisteredAll, subject.NodeTelemetryAll, subject.NodeHealthAll,
-				subject.NodeInterruptionAll, subject.NodeDrainedAll, subject.RentalStartedAll, subject.RentalStoppedAll},
+				subject.NodeInterruptionAll, subject.NodeDrainedAll, subject.RentalStartedAll, subject.RentalStoppedAll,
+				// Its rentals' output. Any rental for now, as with started
+				// and stopped; the trust plane later narrows it to the node.
+				subject.LogAll},
 			// One agent-<node> durable per node (and its forwarder of
 			// exhausted deliveries, which Permissions derives).
 			ConsumerPrefixes: []StreamConsumer{{Stream: StreamAgentCmds, Durable: "*"}},
