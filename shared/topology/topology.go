@@ -39,6 +39,10 @@ const (
 	IdempotencyBucket = "IDEMPOTENCY"
 	// RentalViewBucket is the rental read model (shared/rentalview).
 	RentalViewBucket = "RENTAL_VIEW"
+	// BudgetsBucket is the KV bucket of budgets exhausted under a policy
+	// that stops (stream KV_BUDGETS): metering creates and writes it, the
+	// scheduler watches it.
+	BudgetsBucket = "BUDGETS"
 )
 
 // IdempotencyTTL is how long a POST's first answer is replayed.
@@ -139,9 +143,15 @@ type Service struct {
 	// (e.g. one agent-<node> durable per node) on a stream.
 	ConsumerPrefixes []StreamConsumer
 	Heartbeats       HeartbeatAccess
-	// Buckets are the key-value buckets it may create, read, write and
-	// watch.
-	Buckets []string
+	// Buckets are the KV buckets (other than the heartbeats) it uses.
+	Buckets []BucketAccess
+}
+
+// BucketAccess is a service's use of a KV bucket: Writes creates it and
+// reads and writes keys; otherwise it reads and watches them.
+type BucketAccess struct {
+	Bucket string
+	Writes bool
 }
 
 // StreamConsumer names a stream and a durable (or a wildcard '*' durable).
@@ -186,8 +196,11 @@ func Services() []Service {
 	return []Service{
 		{
 			Name: Scheduler,
+			// A budget exhausted under stop-running cancels its tenant's
+			// running rentals as the tenant would (rental.*.cancel_requested).
 			Publishes: []string{subject.RentalScheduledAll, subject.RentalPendingAll, subject.RentalRejectedAll,
-				subject.RentalPreemptedAll, subject.CapacityShortage, subject.AgentCmdAll},
+				subject.RentalPreemptedAll, subject.CapacityShortage, subject.AgentCmdAll, subject.RentalCancelRequestedAll},
+			Buckets: []BucketAccess{{Bucket: BudgetsBucket}},
 			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: "scheduler", MaxAckPending: 8192,
 				FilterSubjects: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll,
 					subject.RentalStoppedAll, subject.RentalMigratingAll}},
@@ -200,6 +213,7 @@ func Services() []Service {
 		{
 			Name:      Metering,
 			Publishes: []string{subject.UsageRecordedAll, subject.UsageBudgetCrossedAll, subject.InvoiceClosedAll},
+			Buckets:   []BucketAccess{{Bucket: BudgetsBucket, Writes: true}},
 			Consumers: []bus.Consumer{
 				// RentalScheduled carries the spec, model and zone a rental is
 				// priced by; started/stopped carry the billing times.
@@ -263,7 +277,7 @@ func Services() []Service {
 			// Every replica runs the rental read model's projector on one
 			// shared durable (shared/rentalview).
 			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: RentalViewDurable, FilterSubjects: []string{subject.RentalAll}}},
-			Buckets:   []string{IdentityBucket, IdempotencyBucket, RentalViewBucket},
+			Buckets:   []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true}, {Bucket: RentalViewBucket, Writes: true}},
 		},
 	}
 }
