@@ -64,6 +64,11 @@ func (s Service) Permissions() Permissions {
 			"$JS.API.CONSUMER.CREATE."+kvStream+".>", "$JS.API.CONSUMER.DELETE."+kvStream+".>",
 			"$JS.API.CONSUMER.INFO."+kvStream+".>", "$JS.FC."+kvStream+".>")
 	}
+	if s.WatchesQuotas {
+		q := "KV_" + QuotaBucket
+		pub = append(pub, "$JS.API.STREAM.INFO."+q, "$JS.API.DIRECT.GET."+q+".>", "$JS.API.CONSUMER.CREATE."+q,
+			"$JS.API.CONSUMER.CREATE."+q+".>", "$JS.API.CONSUMER.DELETE."+q+".>", "$JS.API.CONSUMER.INFO."+q+".>", "$JS.FC."+q+".>")
+	}
 	slices.Sort(pub)
 	return Permissions{Publish: slices.Compact(pub), Subscribe: []string{"_INBOX.>"}}
 }

@@ -28,6 +28,10 @@ const (
 	StreamAdvisories = bus.AdvisoryStream
 	// HeartbeatBucket is the KV bucket of node heartbeats (stream KV_HEARTBEATS).
 	HeartbeatBucket = "HEARTBEATS"
+	// QuotaBucket is the KV bucket of per-tenant quotas (stream
+	// KV_QUOTAS; shared/quota), written by operators, watched by the
+	// scheduler.
+	QuotaBucket = "QUOTAS"
 )
 
 // DuplicateWindow is how long a stream remembers event ids. Producers that
@@ -94,6 +98,8 @@ type Service struct {
 	// (e.g. one agent-<node> durable per node) on a stream.
 	ConsumerPrefixes []StreamConsumer
 	Heartbeats       HeartbeatAccess
+	// WatchesQuotas: it may read and watch the quota bucket.
+	WatchesQuotas bool
 }
 
 // StreamConsumer names a stream and a durable (or a wildcard '*' durable).
@@ -146,6 +152,8 @@ func Services() []Service {
 				// A spot price rise above a running rental's maximum
 				// interrupts it; the price also gates placement.
 				{Stream: StreamMarket, Durable: "scheduler-spot", FilterSubjects: []string{subject.SpotPriceChangedAll}}},
+			// Each reservation carries the tenant's quota.
+			WatchesQuotas: true,
 		},
 		{
 			Name:      Metering,
