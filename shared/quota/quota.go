@@ -11,7 +11,6 @@ package quota
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -51,7 +50,13 @@ func (l Limits) Validate() error {
 		}
 	}
 	if len(errs) > 0 {
-		return fault.Invalid("quota: %w", errors.Join(errs...))
+		// One line (errors.Join would print one per problem): every
+		// problem, as the CLI prints it.
+		msgs := make([]string, len(errs))
+		for i, e := range errs {
+			msgs[i] = e.Error()
+		}
+		return fault.Invalid("quota: %s", strings.Join(msgs, "; "))
 	}
 	return nil
 }
