@@ -39,8 +39,9 @@ type BatchOptions struct {
 }
 
 // ConsumeBatch is Consume for a handler of batches. A delivery's Event is
-// the type its subject carries (see Carried); a delivery without a type or
-// whose Shizu-Event header its subject contradicts is dead-lettered before
+// the type its subject carries (see Carried); a delivery without a type,
+// whose Shizu-Event header its subject contradicts, or whose body names
+// another tenant than its subject (TenantMismatch) is dead-lettered before
 // the handler sees it. A type the handler does not handle must get an error
 // (Unhandled), not nil. Exhausted deliveries are forwarded to the dead
 // letters as with Consume.
@@ -105,6 +106,9 @@ func (w *worker) handleBatch(ctx context.Context, h BatchHandlerFunc, msgs []jet
 			Header: hdr, Data: m.Data(), Delivered: md.NumDelivered, StreamSeq: md.Sequence.Stream}
 		want, declared := EventOn(d.Subject)
 		event, err := typeOf(d, want, declared)
+		if err == nil {
+			err = TenantMismatch(d.Subject, event, d.Data)
+		}
 		if err != nil { // unusable: never handed to the handler
 			d.Event = unusableEvent
 			w.deadLetter(ctx, m, d, err.Error())
