@@ -1,0 +1,93 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/subject"
+)
+
+// A request that cannot be decoded or whose envelope is unusable cannot be
+// decided on, and is dead-lettered with the reason. Its requester still
+// hears why whenever its rental id can be read from the body (a JSON body,
+// or a protobuf one with a bad field elsewhere): a RentalRejected
+// (REJECT_REASON_INVALID_SPEC) goes to the tenant the subject names, the
+// only tenant the publisher was allowed to speak for. No outcome is
+// recorded (the rental id may be another tenant's).
+
+// rentalIDField is RentalRequested.rental_id's field number.
+var rentalIDField = (&shizuv1.RentalRequested{}).ProtoReflect().Descriptor().Fields().ByName("rental_id").Number()
+
+// unusable answers a request the scheduler cannot use: a rejection to the
+// subject's tenant when rental (as read from the body) is usable, and in
+// every case cause, which dead-letters the delivery. The rejection failing
+// to publish redelivers the request instead.
+func (s *Scheduler) unusable(ctx context.Context, d bus.Delivery, rental string, cause error) error {
+	tenant, ok := subject.TenantOf(d.Subject)
+	if !ok || shizuv1.ValidToken(tenant) != nil || shizuv1.ValidToken(rental) != nil {
+		return cause
+	}
+	msg := "the request could not be used: " + cause.Error()
+	if looksLikeJSON(d.Data) {
+		msg = "the request is JSON, but the bus takes rental requests only as binary protobuf (shizu.v1.RentalRequested); " +
+			"send JSON to the gateway's REST API instead"
+	}
+	id := fmt.Sprintf("rental:%s:unusable:%s:%d", rental, tenant, d.StreamSeq)
+	if err := s.refuse(ctx, id, tenant, rental, "", shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, msg); err != nil {
+		return err
+	}
+	s.d.Log.WarnContext(ctx, "unusable request rejected and dead-lettered", "rental", rental, "tenant", tenant, "err", cause)
+	return cause
+}
+
+func looksLikeJSON(data []byte) bool {
+	data = bytes.TrimSpace(data)
+	return len(data) > 0 && data[0] == '{'
+}
+
+// rentalIDOf reads the rental id of a body that does not decode as a
+// RentalRequested: a JSON object's rental_id (or rentalId), else the
+// rental_id field of the protobuf wire data up to where it stops parsing.
+// "" when none can be read.
+func rentalIDOf(data []byte) string {
+	if looksLikeJSON(data) {
+		var body map[string]any
+		if json.Unmarshal(data, &body) != nil {
+			return ""
+		}
+		for _, k := range []string{"rental_id", "rentalId"} {
+			if v, ok := body[k].(string); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	var got string
+	for len(data) > 0 {
+		num, typ, n := protowire.ConsumeTag(data)
+		if n < 0 {
+			break
+		}
+		data = data[n:]
+		if num == rentalIDField && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(data)
+			if n < 0 {
+				break
+			}
+			got, data = string(v), data[n:]
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, data)
+		if n < 0 {
+			break
+		}
+		data = data[n:]
+	}
+	return got
+}
