@@ -300,6 +300,8 @@ type worker struct {
 	spec   Consumer
 	router *Router
 	opts   ConsumeOptions
+	// unusable is BatchOptions.Unusable.
+	unusable func(ctx context.Context, d Delivery, reason error)
 }
 
 func (w *worker) handle(ctx context.Context, m jetstream.Msg) {

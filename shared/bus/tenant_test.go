@@ -46,7 +46,8 @@ func deadLetterReasonFor(t *testing.T, c *bus.Conn, durable, subj string) string
 // A RentalRequested on rental.dev.requested whose body names tenant
 // "victim" is terminated and dead-lettered, with a reason naming both
 // tenants, by a router consumer and by a batch consumer; neither handler
-// sees it, and both handle the honest request after it.
+// sees it (the batch consumer's Unusable is told), and both handle the
+// honest request after it.
 func TestABodyNamingAnotherTenantThanItsSubjectIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	_, c := setup(t, bus.Instruments{})
@@ -72,7 +73,11 @@ func TestABodyNamingAnotherTenantThanItsSubjectIsDeadLettered(t *testing.T) {
 			record("batch", ev)
 		}
 		return nil
-	}, bus.BatchOptions{})
+	}, bus.BatchOptions{Unusable: func(_ context.Context, d bus.Delivery, reason error) {
+		mu.Lock()
+		defer mu.Unlock()
+		handled["unusable"] = append(handled["unusable"], d.Event+": "+reason.Error())
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,6 +104,9 @@ func TestABodyNamingAnotherTenantThanItsSubjectIsDeadLettered(t *testing.T) {
 			if got := strings.Join(handled[mode], ","); got != "dev/r-honest" {
 				return fmt.Errorf("%s handled %q; want only dev/r-honest", mode, got)
 			}
+		}
+		if got := handled["unusable"]; len(got) != 1 || !strings.HasPrefix(got[0], "shizu.v1.RentalRequested: tenant mismatch") {
+			return fmt.Errorf("the batch consumer's Unusable was told %q", got)
 		}
 		return nil
 	})

@@ -79,7 +79,7 @@ func noOutcomes(o *outcomes, rental string) error {
 // A RentalRequested on rental.dev.requested whose body names tenant
 // "victim" is dead-lettered with a reason naming both tenants and never
 // placed: no outcome, no start, no capacity taken (the honest request
-// after it gets the node's only GPU).
+// after it gets the node's only GPU); its sender, dev, is told why.
 func TestARequestWhoseBodyNamesAnotherTenantIsDeadLetteredAndNeverPlaced(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -92,9 +92,14 @@ func TestARequestWhoseBodyNamesAnotherTenantIsDeadLetteredAndNeverPlaced(t *test
 		t.Fatalf("dead letter reason %q does not name both tenants", reason)
 	}
 	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) (err error) { _, err = scheduledOf(o, "honest"); return })
+	rej := e.rejectedWith(t, "forged")
+	if rej.GetTenantId() != "dev" || rej.GetReason() != shizuv1.RejectReason_REJECT_REASON_NOT_PERMITTED ||
+		!strings.Contains(rej.GetMessage(), "names tenant victim, but was sent as tenant dev") {
+		t.Fatalf("the forged request's sender was told %v", rej)
+	}
 	e.seen.waitFor(t, time.Second, func(o *outcomes) error {
-		if len(o.rejected["forged"]) != 0 {
-			return fmt.Errorf("forged request answered: %v", o.rejected["forged"])
+		if len(o.rejected["forged"]) != 1 {
+			return fmt.Errorf("forged request answered %d times", len(o.rejected["forged"]))
 		}
 		return noOutcomes(o, "forged")
 	})
