@@ -114,6 +114,9 @@ type Service struct {
 	// (e.g. one agent-<node> durable per node) on a stream.
 	ConsumerPrefixes []StreamConsumer
 	Heartbeats       HeartbeatAccess
+	// ReadsLogs lets the service read rentals' output from LOGS as
+	// shared/rentallogs does (direct gets, ordered consumers it deletes).
+	ReadsLogs bool
 }
 
 // StreamConsumer names a stream and a durable (or a wildcard '*' durable).
