@@ -49,6 +49,7 @@ func TestEverySubjectHasExactlyOneStream(t *testing.T) {
 		"rental.t.requested", "rental.t.cancel_requested", "node.n.registered", "node.n.telemetry",
 		"node.n.health", "node.n.lost", "agent.n.cmd.start", "traffic.p.sample", "scale.p.decided",
 		"scale.fleet.shortage", "usage.t.recorded", "invoice.t.closed", "spot.z.m.price", "dlq.RENTALS.scheduler",
+		"audit.t.rental_create",
 		"log.t.r-1",
 	}
 	for _, s := range samples {
@@ -199,4 +200,40 @@ func TestPerInstanceDurablesMayRunTheirExhaustedForwarder(t *testing.T) {
 		}
 	}
 	t.Fatalf("node-agent may not pull %s", want)
+}
+
+func TestTheGatewayMayPublishForTenantsAndUseItsBucketsOnly(t *testing.T) {
+	t.Parallel()
+	gw, ok := topology.ServiceNamed(topology.Gateway)
+	if !ok {
+		t.Fatal("no gateway")
+	}
+	p := gw.Permissions()
+	allowed := func(subj string) bool {
+		for _, pat := range p.Publish {
+			if subject.Matches(pat, subj) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, subj := range []string{"rental.acme.requested", "rental.acme.cancel_requested", "audit.acme.rental_create",
+		"$KV.IDENTITY.key.k1", "$KV.IDEMPOTENCY.x.y", "$KV.RENTAL_VIEW.acme.r-1", "$JS.API.STREAM.CREATE.KV_IDENTITY",
+		"$JS.API.CONSUMER.MSG.NEXT.RENTALS.rentalview", "$JS.API.DIRECT.GET.KV_RENTAL_VIEW.$KV.RENTAL_VIEW.acme.r-1"} {
+		if !allowed(subj) {
+			t.Errorf("gateway may not publish %s", subj)
+		}
+	}
+	for _, subj := range []string{"rental.acme.scheduled", "rental.acme.stopped", "agent.n1.cmd.start", "usage.acme.recorded",
+		"$KV.HEARTBEATS.node.n1", "$JS.API.STREAM.CREATE.RENTALS", "$JS.API.STREAM.PURGE.KV_IDENTITY",
+		"$JS.API.CONSUMER.MSG.NEXT.RENTALS.scheduler"} {
+		if allowed(subj) {
+			t.Errorf("gateway may publish %s; it should not", subj)
+		}
+	}
+	for _, b := range topology.Buckets(1) {
+		if err := b.Validate(); err != nil {
+			t.Errorf("bucket %s: %v", b.Name, err)
+		}
+	}
 }
