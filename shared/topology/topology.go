@@ -148,6 +148,9 @@ type Service struct {
 	// declares itself.
 	ConsumerPrefixes []StreamConsumer
 	Heartbeats       HeartbeatAccess
+	// ReadsLogs lets the service read rentals' output from LOGS as
+	// shared/rentallogs does (direct gets, ordered consumers it deletes).
+	ReadsLogs bool
 	// Buckets are the KV buckets (other than the heartbeats) it uses.
 	Buckets []BucketAccess
 }
