@@ -78,3 +78,27 @@ func TestARequestRefusedOverQuotaWaitsForItsTenantsQuota(t *testing.T) {
 		t.Fatalf("a request still over quota said so again: %+v", out.Pending)
 	}
 }
+
+// Requests that found no room only because the view still held bookings
+// the store then refused over quota are placed again in the same round:
+// another tenant's request is not left waiting for capacity that is free.
+func TestRequestsCrowdedOutByRefusedBookingsArePlacedAgain(t *testing.T) {
+	t.Parallel()
+	v := viewOf(node("n1", 2))
+	why := "tenant tenant-b holds 2 of the 2 GPUs its quota allows and asks for 1 more"
+	c := &quotaCommit{over: map[string]string{"tenant-b": why}}
+	ofB := func(j *round.Job) { j.Request.Tenant = "tenant-b" }
+	jobs := []*round.Job{job(t, "b1", ofB), job(t, "b2", ofB), job(t, "b3", ofB), job(t, "a")}
+	plan := round.Plan(v, jobs, t0, config(t), c)
+	if len(plan.Reserve) != 1 || plan.Reserve[0].Request.ID != "a" {
+		t.Fatalf("reserved %d; want a alone", len(plan.Reserve))
+	}
+	if len(plan.Pending) != 3 {
+		t.Fatalf("%d pending; want b1..b3", len(plan.Pending))
+	}
+	for _, p := range plan.Pending {
+		if p.Reason != shizuv1.PendingReason_PENDING_REASON_QUOTA || p.Shortage() {
+			t.Fatalf("%s pending %v; want the quota, no shortage", p.Job.Request.ID, p.Reason)
+		}
+	}
+}
