@@ -3,7 +3,7 @@ package main
 // verbs are the commands that talk to a running platform.
 func verbs() map[string]verb {
 	m := map[string]verb{}
-	for _, v := range []verb{rentVerb, lsVerb, showVerb, stopVerb, billVerb, adviseVerb, nodesVerb, poolsVerb.with(poolsApplyVerb, poolsWithdrawVerb), trafficVerb, spotPriceVerb, chaosVerb} {
+	for _, v := range []verb{rentVerb, lsVerb, showVerb, stopVerb, billVerb, adviseVerb, nodesVerb, poolsVerb.with(poolsApplyVerb, poolsWithdrawVerb), trafficVerb, spotPriceVerb, chaosVerb, quotaVerb.with(quotaSetVerb, quotaShowVerb, quotaDeleteVerb)} {
 		m[v.name] = v
 	}
 	m[logsVerb.name] = logsVerb
