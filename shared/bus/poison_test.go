@@ -99,19 +99,19 @@ func carriedBy(spec bus.Consumer) map[string]string {
 	return out
 }
 
-// overlap reports whether two subscribe forms (with '*' only) can match
+// overlap reports whether two subscribe forms ('*', or a trailing '>') can match
 // one subject.
 func overlap(a, b string) bool {
 	at, bt := strings.Split(a, "."), strings.Split(b, ".")
-	if len(at) != len(bt) {
-		return false
-	}
 	for i := range at {
-		if at[i] != bt[i] && at[i] != "*" && bt[i] != "*" {
+		if at[i] == ">" || i < len(bt) && bt[i] == ">" {
+			return i < len(bt)
+		}
+		if i >= len(bt) || at[i] != bt[i] && at[i] != "*" && bt[i] != "*" {
 			return false
 		}
 	}
-	return true
+	return len(at) == len(bt)
 }
 
 // recorder is a consumer's handlers: each decodes and validates its event

@@ -32,6 +32,7 @@ func validEvents() []validator {
 		validUsageRecorded(), validInvoiceClosed(), validBudgetThresholdCrossed(),
 		validSpotPriceChanged(),
 		validStartRental(), validStopRental(), validDrainNode(),
+		validRentalLogBatch(),
 	}
 }
 

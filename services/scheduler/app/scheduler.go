@@ -35,6 +35,9 @@ type Deps struct {
 	// (the Redis records are), else spot prices are not followed.
 	Market ports.SpotMarket
 	Log    *slog.Logger
+	// Quotas are the tenants' quotas, handed to the store with each
+	// reservation; nil: no tenant has one.
+	Quotas ports.Quotas
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Metrics may be nil.
