@@ -175,6 +175,14 @@ func TestABudgetSpentUnderRejectNewRejectsNewRentalsAndLeavesRunningOnes(t *test
 	checkRefusal(t, e.rejectedFor("new"))
 	checkRefusal(t, e.rejectedFor("waiting"))
 	e.run("other", "globex")
+	// A request of acme under globex's rental id is refused as not acme's,
+	// not as over budget: no outcome is recorded under globex's id.
+	forged := requested("other", "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), e.clock.now())
+	forged.Meta.EventId = "req:acme:other"
+	e.publish(forged)
+	if rej := e.rejectedFor("other"); rej.GetTenantId() != "acme" || strings.Contains(rej.GetMessage(), "budget") {
+		t.Fatalf("acme's request under globex's id: %v %q", rej.GetTenantId(), rej.GetMessage())
+	}
 
 	e.sweep()
 	e.clock.set(budgetDay.Add(time.Hour))
