@@ -275,7 +275,7 @@ func (v verb) main(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if errors.As(err, &ue) {
 			return exitUsage
 		}
-		return exitFail
+		return exitCodeOf(err)
 	}
 	return exitOK
 }
