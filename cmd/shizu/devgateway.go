@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	gateway "github.com/shizu-gpu/shizu/services/gateway/app"
 	"github.com/shizu-gpu/shizu/services/gateway/identity"
@@ -71,7 +73,30 @@ func (s *devStack) makeDevKeys(ctx context.Context) error {
 		return fmt.Errorf("dev keys: %w", err)
 	}
 	s.keys = keys
-	return nil
+	return s.waitKeyTaken(ctx)
+}
+
+// waitKeyTaken waits until the gateway takes the tenant key (its watched
+// cache has it within milliseconds), so the first verb is not refused.
+func (s *devStack) waitKeyTaken(ctx context.Context) error {
+	c, err := newAPIClient(s.apiURL, s.keys.Key, "", 2*time.Second)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := c.do(ctx, request{method: http.MethodGet, path: "/v1/rentals?limit=1"}, nil)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("the gateway does not take the dev key: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // ensureDevKeys returns the keys kept at path when dir still takes them,
