@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -44,9 +45,6 @@ func (p *apiProblem) Error() string {
 	s := p.Title
 	if p.Detail != "" {
 		s += ": " + p.Detail
-	}
-	if p.RetryAfter != "" {
-		s += " (retry after " + p.RetryAfter + " s)"
 	}
 	if p.RequestID != "" {
 		s += " (request id " + p.RequestID + ")"
@@ -226,8 +224,40 @@ func readProblem(resp *http.Response, keyFrom string) error {
 	return p
 }
 
+// rateRetries is how many times a call the key's rate limit refused
+// (429) is made again, after its Retry-After.
+const rateRetries = 3
+
 // do makes the call and decodes the JSON answer into out (when not nil).
+// A call refused by the rate limit is made again after its Retry-After,
+// up to rateRetries times (a POST carries its Idempotency-Key, so a retry
+// creates nothing twice).
 func (c *apiClient) do(ctx context.Context, rq request, out any) error {
+	for attempt := 0; ; attempt++ {
+		err := c.once(ctx, rq, out)
+		var p *apiProblem
+		if !errors.As(err, &p) || p.Status != http.StatusTooManyRequests || attempt == rateRetries {
+			return err
+		}
+		wait := time.Second
+		if n, perr := strconv.Atoi(p.RetryAfter); perr == nil && n > 0 {
+			wait = time.Duration(min(n, 30)) * time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+	}
+}
+
+func isRateLimited(err error) bool {
+	var p *apiProblem
+	return errors.As(err, &p) && p.Status == http.StatusTooManyRequests
+}
+
+// once makes the call once, within the client's timeout.
+func (c *apiClient) once(ctx context.Context, rq request, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	resp, err := c.send(ctx, rq)
@@ -251,8 +281,17 @@ func (c *apiClient) do(ctx context.Context, rq request, out any) error {
 func (c *apiClient) followEvents(ctx context.Context, rentalID string, each func(*rentalView) bool) (*rentalView, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // leaving closes the stream: the gateway keeps nothing
-	resp, err := c.send(ctx, request{method: http.MethodGet, path: "/v1/rentals/" + url.PathEscape(rentalID) + "/events",
-		header: http.Header{"Accept": {"text/event-stream"}}})
+	rq := request{method: http.MethodGet, path: "/v1/rentals/" + url.PathEscape(rentalID) + "/events",
+		header: http.Header{"Accept": {"text/event-stream"}}}
+	resp, err := c.send(ctx, rq)
+	for attempt := 0; attempt < rateRetries && isRateLimited(err); attempt++ {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
+		resp, err = c.send(ctx, rq)
+	}
 	if err != nil {
 		return nil, err
 	}
