@@ -35,6 +35,9 @@ type Deps struct {
 	// (the Redis records are), else spot prices are not followed.
 	Market ports.SpotMarket
 	Log    *slog.Logger
+	// Quotas are the tenants' quotas, handed to the store with each
+	// reservation; nil: no tenant has one.
+	Quotas ports.Quotas
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Metrics may be nil.
@@ -92,6 +95,8 @@ type Scheduler struct {
 	claimed chan struct{}
 	// rebuild keeps decisions off records Redis lost (rebuild.go).
 	rebuild rebuild
+	// budgets are the budget hard stops in force (budget.go).
+	budgets budgets
 }
 
 // job is one request in a scheduling round: what the round decides on, and
