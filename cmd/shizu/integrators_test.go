@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // docBlocks returns the code blocks of a markdown file fenced with lang,
@@ -56,7 +58,9 @@ func TestIntegratorsDocRunsAgainstShizuDev(t *testing.T) {
 	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + work, "LANG=C.UTF-8"}
 	runScript := func(name string, args ...string) string {
 		t.Helper()
-		cmd := exec.Command(args[0], args[1:]...)
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 		cmd.Dir, cmd.Env = work, env
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
@@ -67,7 +71,7 @@ func TestIntegratorsDocRunsAgainstShizuDev(t *testing.T) {
 		return out.String()
 	}
 	out := runScript("curl", "bash", "-c", sh)
-	for _, want := range []string{"rented r-", `"state":"stopped"`, "body.gpu_count"} {
+	for _, want := range []string{"rented r-", `"state":"stopped"`, `"field":"gpu_count"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the curl examples' output does not say %q", want)
 		}
