@@ -44,4 +44,3 @@ func metaOf(m proto.Message) *shizuv1.EventMeta {
 	}
 	return nil
 }
-
