@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/shizu-gpu/shizu/shared/rentalview"
 )
 
 // The tenant verbs' client of the gateway's HTTP/JSON API (services/
@@ -341,4 +343,16 @@ func readSSE(r io.Reader, each func(event, data string) bool) error {
 		}
 	}
 	return sc.Err()
+}
+
+// UnmarshalJSON reads a rental as the gateway answers it (the API's
+// Rental), with what its events say in people's words.
+func (r *rentalView) UnmarshalJSON(b []byte) error {
+	var x rentalview.Rental
+	if err := json.Unmarshal(b, &x); err != nil {
+		return err
+	}
+	*r = rentalView(x)
+	r.inPeoplesWords()
+	return nil
 }

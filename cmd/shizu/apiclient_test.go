@@ -52,7 +52,12 @@ func freeAddr(t *testing.T) string {
 
 func startGatewayStack(t *testing.T) *gatewayStack {
 	t.Helper()
-	d := testkit.Platform(t)
+	return startGatewayStackOn(t, testkit.Platform(t))
+}
+
+// startGatewayStackOn runs the gateway on d.
+func startGatewayStackOn(t *testing.T, d *testkit.Deployment) *gatewayStack {
+	t.Helper()
 	cfg := gateway.DefaultConfig()
 	cfg.Service = d.ServiceConfig(t, topology.Gateway)
 	cfg.Service.RedisURL = ""
@@ -72,24 +77,38 @@ func startGatewayStack(t *testing.T) *gatewayStack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &gatewayStack{t: t, d: d, url: "http://" + cfg.Listen, dir: dir, devDir: t.TempDir()}
+	s := &gatewayStack{t: t, d: d, url: "http://" + cfg.Listen, dir: dir}
 	s.keyA, s.keyB = s.tenantKey("a", identity.ReadWrite), s.tenantKey("b", identity.ReadWrite)
-	env := fmt.Sprintf("export SHIZU_NATS_URL=%s\nexport SHIZU_NATS_USER=%s\nexport SHIZU_NATS_PASSWORD=%s\nexport %s=%s\nexport %s=%s\n",
-		d.NATS.URL, topology.Admin, testkit.Password(topology.Admin), envAPIURL, s.url, envAPIKey, s.keyA)
-	if err := os.WriteFile(filepath.Join(s.devDir, "env"), []byte(env), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// The gateway's watched cache takes a new key within milliseconds.
-	for _, k := range []string{s.keyA, s.keyB} {
-		testkit.Eventually(t, 5*time.Second, func() error {
-			c, err := newAPIClient(s.url, k, "", 5*time.Second)
-			if err != nil {
-				return err
-			}
-			return c.do(t.Context(), request{method: "GET", path: "/v1/rentals?limit=1"}, nil)
-		})
-	}
+	s.devDir = s.devDirFor(s.keyA)
+	s.waitKey(s.keyB)
 	return s
+}
+
+// devDirFor is a dev folder whose env file names the gateway, key and the
+// admin, as shizu dev's does, once the gateway takes key.
+func (s *gatewayStack) devDirFor(key string) string {
+	s.t.Helper()
+	dir := s.t.TempDir()
+	env := fmt.Sprintf("export SHIZU_NATS_URL=%s\nexport SHIZU_NATS_USER=%s\nexport SHIZU_NATS_PASSWORD=%s\nexport %s=%s\nexport %s=%s\n",
+		s.d.NATS.URL, topology.Admin, testkit.Password(topology.Admin), envAPIURL, s.url, envAPIKey, key)
+	if err := os.WriteFile(filepath.Join(dir, "env"), []byte(env), 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+	s.waitKey(key)
+	return dir
+}
+
+// waitKey waits until the gateway takes key (its watched cache has a new
+// key within milliseconds).
+func (s *gatewayStack) waitKey(key string) {
+	s.t.Helper()
+	testkit.Eventually(s.t, 5*time.Second, func() error {
+		c, err := newAPIClient(s.url, key, "", 5*time.Second)
+		if err != nil {
+			return err
+		}
+		return c.do(s.t.Context(), request{method: "GET", path: "/v1/rentals?limit=1"}, nil)
+	})
 }
 
 func (s *gatewayStack) tenantKey(tenant string, scope identity.Scope) string {

@@ -154,7 +154,13 @@ func (o rentOptions) spec(command []string) (*shizuv1.RentalSpec, error) {
 		}
 	}
 	if o.nvlink {
+		if o.gpus < 2 {
+			return nil, usagef("-nvlink joins GPUs of one node: it needs -gpus 2 or more (got -gpus %d)", o.gpus)
+		}
 		s.Interconnect = shizuv1.Interconnect_INTERCONNECT_NVLINK
+	}
+	if o.mig != "" && (o.gpus != 1 || milli < 1000 || o.nvlink) {
+		return nil, usagef("-mig %s is one whole MIG slice of one GPU: it takes neither -gpus above 1, -fraction nor -nvlink", o.mig)
 	}
 	if plan == shizuv1.Plan_PLAN_RESERVED && len(s.AllowedModels) == 0 {
 		return nil, usagef("-plan reserved needs -model, the model of your reserved commitment: a reserved rental is billed against " +
@@ -268,7 +274,7 @@ func (c *rentCommand) run(ctx context.Context, args []string, stdout io.Writer) 
 		return err
 	}
 	if err := spec.Validate(); err != nil {
-		return usagef("%s", strings.ReplaceAll(enumWords(err.Error()), "\n", "; "))
+		return invalid(err, rentFields)
 	}
 	api, err := c.af.client()
 	if err != nil {
@@ -447,10 +453,4 @@ func specJSON(s *shizuv1.RentalSpec) apiSpec {
 		out.PendingTimeout = d.AsDuration().String()
 	}
 	return out
-}
-
-// enumWords puts the contract's enum names in people's words.
-func enumWords(s string) string {
-	return strings.NewReplacer("INTERCONNECT_NVLINK", "nvlink", "INTERCONNECT_ANY", "any", "PLAN_SPOT", "spot",
-		"PLAN_ON_DEMAND", "on-demand", "PLAN_RESERVED", "reserved", "PLAN_UNSPECIFIED", "no plan").Replace(s)
 }

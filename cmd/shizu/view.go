@@ -71,10 +71,6 @@ func milliString(m int32) string {
 
 func planName(p shizuv1.Plan) string { return rentalview.PlanName(p) }
 
-func enumWord(s, prefix string) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s, prefix)), "_", " ")
-}
-
 func ts(t *timestamppb.Timestamp) time.Time {
 	if t == nil {
 		return time.Time{}

@@ -11,7 +11,7 @@ import (
 // the gateway's read model, which folds with the same rentalview.Apply).
 
 // rentals folds rental events into one view per rental, in order of first
-// appearance.
+// appearance, with what the events say in people's words.
 func rentals(events []event) []*rentalView {
 	byID := map[string]*rentalView{}
 	var order []*rentalView
@@ -33,6 +33,9 @@ func rentals(events []event) []*rentalView {
 			order = append(order, r)
 		}
 		rentalview.Apply((*rentalview.Rental)(r), e.Msg, ts(metaOf(e.Msg).GetOccurredAt()))
+	}
+	for _, r := range order {
+		r.inPeoplesWords()
 	}
 	return order
 }
