@@ -122,6 +122,13 @@ type Service struct {
 	// Buckets are the key-value buckets it may create, read, write and
 	// watch.
 	Buckets []string
+	// Answers are request subjects (subscribe forms, in no stream) it
+	// answers in a queue group named after it: it subscribes to them and
+	// may publish one reply to each request it receives.
+	Answers []string
+	// Asks are request subjects (subscribe forms) it may send requests on;
+	// replies arrive on _INBOX.
+	Asks []string
 }
 
 // StreamConsumer names a stream and a durable (or a wildcard '*' durable).
@@ -180,6 +187,9 @@ func Services() []Service {
 		{
 			Name:      Metering,
 			Publishes: []string{subject.UsageRecordedAll, subject.UsageBudgetCrossedAll, subject.InvoiceClosedAll},
+			// Usage, invoices and budgets of a tenant, from its aggregates
+			// and the BILLING stream (services/metering/app/query.go).
+			Answers: []string{subject.UsageQueryAll, subject.InvoicesQueryAll, subject.BudgetQueryAll},
 			Consumers: []bus.Consumer{
 				// RentalScheduled carries the spec, model and zone a rental is
 				// priced by; started/stopped carry the billing times.
@@ -241,6 +251,8 @@ func Services() []Service {
 			// shared durable (shared/rentalview).
 			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: RentalViewDurable, FilterSubjects: []string{subject.RentalAll}}},
 			Buckets:   []string{IdentityBucket, IdempotencyBucket, RentalViewBucket},
+			// Money is metering's to answer (usage, invoices, budgets).
+			Asks: []string{subject.UsageQueryAll, subject.InvoicesQueryAll, subject.BudgetQueryAll},
 		},
 	}
 }
@@ -258,3 +270,7 @@ func ServiceNamed(name string) (Service, bool) {
 	}
 	return Service{}, false
 }
+
+// QueueGroup is the queue group a service's replicas answer its Answers
+// in: each request reaches one replica.
+func QueueGroup(service string) string { return service }
