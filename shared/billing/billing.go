@@ -218,10 +218,10 @@ func Invalid(err error) *Error {
 var ErrUnavailable = errors.New("metering is unavailable")
 
 // Ask sends req on form (a query subject of shared/subject) for tenant
-// and decodes the answer into ans, within ctx's deadline. No responder,
+// and decodes the answer into ans (reset first), within ctx's deadline. No responder,
 // a timeout and an answer of CodeUnavailable are ErrUnavailable; an
 // answer of CodeInvalid is its *Error.
-func Ask[A interface{ answerError() *Error }](ctx context.Context, nc *nats.Conn, form, tenant string, req any, ans A) error {
+func Ask[A answer](ctx context.Context, nc *nats.Conn, form, tenant string, req any, ans A) error {
 	subj, err := subject.Format(form, tenant)
 	if err != nil {
 		return &Error{Code: CodeInvalid, Field: "tenant", Message: err.Error()}
@@ -237,6 +237,7 @@ func Ask[A interface{ answerError() *Error }](ctx context.Context, nc *nats.Conn
 		}
 		return err
 	}
+	ans.reset()
 	if err := json.Unmarshal(msg.Data, ans); err != nil {
 		return fmt.Errorf("answer on %s: %w", subj, err)
 	}
@@ -249,6 +250,15 @@ func Ask[A interface{ answerError() *Error }](ctx context.Context, nc *nats.Conn
 	return nil
 }
 
+// answer is what Ask decodes into.
+type answer interface {
+	answerError() *Error
+	reset()
+}
+
 func (a *UsageAnswer) answerError() *Error    { return a.Error }
+func (a *UsageAnswer) reset()                 { *a = UsageAnswer{} }
+func (a *InvoicesAnswer) reset()              { *a = InvoicesAnswer{} }
+func (a *BudgetAnswer) reset()                { *a = BudgetAnswer{} }
 func (a *InvoicesAnswer) answerError() *Error { return a.Error }
 func (a *BudgetAnswer) answerError() *Error   { return a.Error }
