@@ -272,4 +272,3 @@ func (e *env) consumerCount(t *testing.T) int {
 	}
 	return info.State.Consumers
 }
-
