@@ -221,7 +221,7 @@ var ErrUnavailable = errors.New("metering is unavailable")
 // and decodes the answer into ans (reset first), within ctx's deadline. No responder,
 // a timeout and an answer of CodeUnavailable are ErrUnavailable; an
 // answer of CodeInvalid is its *Error.
-func Ask[A answer](ctx context.Context, nc *nats.Conn, form, tenant string, req any, ans A) error {
+func Ask[A Answer](ctx context.Context, nc *nats.Conn, form, tenant string, req any, ans A) error {
 	subj, err := subject.Format(form, tenant)
 	if err != nil {
 		return &Error{Code: CodeInvalid, Field: "tenant", Message: err.Error()}
@@ -250,8 +250,9 @@ func Ask[A answer](ctx context.Context, nc *nats.Conn, form, tenant string, req 
 	return nil
 }
 
-// answer is what Ask decodes into.
-type answer interface {
+// Answer is what Ask decodes into: one of the answers.
+type Answer interface {
+	*UsageAnswer | *InvoicesAnswer | *BudgetAnswer
 	answerError() *Error
 	reset()
 }

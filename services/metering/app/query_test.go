@@ -100,22 +100,12 @@ func expectedRows(recs []*shizuv1.UsageRecorded, tenant, groupBy string) []billi
 	return out
 }
 
-func ask[A interface {
-	*billing.UsageAnswer | *billing.InvoicesAnswer | *billing.BudgetAnswer
-}](t *testing.T, ctx context.Context, e *env, form, tenant string, req any, ans A) error {
+func ask[A billing.Answer](t *testing.T, ctx context.Context, e *env, form, tenant string, req any, ans A) error {
 	t.Helper()
 	gw := e.Connect(t, topology.Gateway) // the gateway's user asks
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	switch a := any(ans).(type) {
-	case *billing.UsageAnswer:
-		return billing.Ask(ctx, gw.NATS(), form, tenant, req, a)
-	case *billing.InvoicesAnswer:
-		return billing.Ask(ctx, gw.NATS(), form, tenant, req, a)
-	case *billing.BudgetAnswer:
-		return billing.Ask(ctx, gw.NATS(), form, tenant, req, a)
-	}
-	return nil
+	return billing.Ask(ctx, gw.NATS(), form, tenant, req, ans)
 }
 
 // Metering answers usage, invoices and budgets as the metering user, to
