@@ -119,6 +119,16 @@ const (
 	AuditRecorded    = "audit.%s.%s"
 )
 
+// Rental output logs: log.<tenant>.<rental>, the tenant the second token
+// as on every tenant subject, so a tenant's permission or filter
+// (log.<tenant>.>) stays valid. Each message is one batch of lines of one
+// run of the rental (shizuv1.RentalLogBatch).
+const (
+	LogAll       = "log.*.*"
+	LogForTenant = "log.%s.*"
+	Log          = "log.%s.%s"
+)
+
 // Dead letters: dlq.<stream>.<consumer>. The server's advisory that a
 // consumer gave up on a message (max deliveries without an ack) is captured
 // too, so such a message reaches the dead letters even when the process

@@ -70,22 +70,11 @@ func (s Service) Permissions() Permissions {
 			"$JS.API.CONSUMER.INFO."+kvStream+".>", "$JS.FC."+kvStream+".>")
 	}
 	for _, b := range s.Buckets {
-		pub = append(pub, bucketPermissions(b)...)
+		pub = append(pub, b.permissions()...)
 	}
 	slices.Sort(pub)
 	sub := append([]string{"_INBOX.>"}, s.Answers...)
 	return Permissions{Publish: slices.Compact(pub), Subscribe: sub, Responses: len(s.Answers) > 0}
-}
-
-// bucketPermissions let a user create (or update) the bucket, read, write
-// and delete keys, list them and watch them (ordered consumers).
-func bucketPermissions(bucket string) []string {
-	st := "KV_" + bucket
-	return []string{"$KV." + bucket + ".>",
-		"$JS.API.STREAM.CREATE." + st, "$JS.API.STREAM.UPDATE." + st, "$JS.API.STREAM.INFO." + st,
-		"$JS.API.DIRECT.GET." + st + ".>", "$JS.API.STREAM.MSG.GET." + st,
-		"$JS.API.CONSUMER.CREATE." + st + ".>", "$JS.API.CONSUMER.DELETE." + st + ".>",
-		"$JS.API.CONSUMER.INFO." + st + ".>", "$JS.FC." + st + ".>"}
 }
 
 // AdminPermissions allow everything.
@@ -169,4 +158,18 @@ func writeList(b *strings.Builder, key string, subjects []string) {
 		fmt.Fprintf(b, "%q", s)
 	}
 	b.WriteString("] }\n")
+}
+
+// permissions are the API subjects of a bucket's use: reading keys (direct
+// get) and watching or listing them (an ordered consumer) for every user,
+// and for its writer creating the bucket and putting and deleting keys.
+func (b BucketAccess) permissions() []string {
+	st := "KV_" + b.Bucket
+	out := []string{"$JS.API.STREAM.INFO." + st, "$JS.API.DIRECT.GET." + st + ".>", "$JS.API.STREAM.MSG.GET." + st,
+		"$JS.API.CONSUMER.CREATE." + st + ".>", "$JS.API.CONSUMER.DELETE." + st + ".>",
+		"$JS.API.CONSUMER.INFO." + st + ".>", "$JS.FC." + st + ".>"}
+	if b.Writes {
+		out = append(out, "$KV."+b.Bucket+".>", "$JS.API.STREAM.CREATE."+st, "$JS.API.STREAM.UPDATE."+st)
+	}
+	return out
 }

@@ -26,6 +26,7 @@ const (
 	StreamDeadLetter = "DEADLETTER"
 	// StreamAudit keeps the gateway's record of every state-changing call.
 	StreamAudit = "AUDIT"
+	StreamLogs  = "LOGS"
 	// StreamAdvisories captures the server's max-deliveries advisories.
 	StreamAdvisories = bus.AdvisoryStream
 	// HeartbeatBucket is the KV bucket of node heartbeats (stream KV_HEARTBEATS).
@@ -38,6 +39,10 @@ const (
 	IdempotencyBucket = "IDEMPOTENCY"
 	// RentalViewBucket is the rental read model (shared/rentalview).
 	RentalViewBucket = "RENTAL_VIEW"
+	// BudgetsBucket is the KV bucket of budgets exhausted under a policy
+	// that stops (stream KV_BUDGETS): metering creates and writes it, the
+	// scheduler watches it.
+	BudgetsBucket = "BUDGETS"
 )
 
 // IdempotencyTTL is how long a POST's first answer is replayed.
@@ -47,6 +52,21 @@ const IdempotencyTTL = 24 * time.Hour
 // retry for longer must re-derive the same id and rely on consumer
 // idempotency as well.
 const DuplicateWindow = 10 * time.Minute
+
+// Bounds of the LOGS stream (rental output): each rental keeps at most
+// LogBatchesPerRental batches of at most LogMaxBatchBytes, the stream at
+// most LogsMaxBytes, and nothing older than LogsMaxAge; the oldest go
+// first. The node agent cuts a line at LogMaxLineBytes and a batch below
+// LogMaxBatchBytes (services/node-agent/logship).
+const (
+	LogsMaxAge          = 7 * 24 * time.Hour
+	LogsMaxBytes        = 1 << 30
+	LogBatchesPerRental = 2000
+	LogMaxBatchBytes    = 64 << 10
+	LogMaxLineBytes     = 16 << 10
+	// logsMaxMsgBytes leaves room for the batch's envelope and headers.
+	logsMaxMsgBytes = LogMaxBatchBytes + 8<<10
+)
 
 // Streams returns every stream with the given replica count (1 on a single
 // server, 3 on a cluster). Records of what happened (rentals, billing,
@@ -77,6 +97,10 @@ func Streams(replicas int) []bus.Stream {
 			Subjects: []string{subject.DeadLetterAll}, Duplicates: DuplicateWindow, Replicas: replicas},
 		{Name: StreamAudit, Description: "the tenant API's audit log: who changed what, when, from where; never expires",
 			Subjects: []string{subject.AuditAll}, Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamLogs, Description: "rental output logs: bounded per rental and in all, aged out after 7 days",
+			Subjects: []string{subject.LogAll}, MaxAge: LogsMaxAge, MaxBytes: LogsMaxBytes,
+			MaxMsgsPerSubject: LogBatchesPerRental, MaxMsgSize: logsMaxMsgBytes, AllowDirect: true,
+			Duplicates: 2 * time.Minute, Replicas: replicas},
 		{Name: StreamAdvisories, Description: "the server's notices that a consumer gave up on a message; forwarded to DEADLETTER",
 			Subjects: []string{subject.MaxDeliveriesAdvisoryAll}, MaxAge: 7 * day, Replicas: replicas},
 	}
@@ -119,9 +143,8 @@ type Service struct {
 	// (e.g. one agent-<node> durable per node) on a stream.
 	ConsumerPrefixes []StreamConsumer
 	Heartbeats       HeartbeatAccess
-	// Buckets are the key-value buckets it may create, read, write and
-	// watch.
-	Buckets []string
+	// Buckets are the KV buckets (other than the heartbeats) it uses.
+	Buckets []BucketAccess
 	// Answers are request subjects (subscribe forms, in no stream) it
 	// answers in a queue group named after it: it subscribes to them and
 	// may publish one reply to each request it receives.
@@ -129,6 +152,13 @@ type Service struct {
 	// Asks are request subjects (subscribe forms) it may send requests on;
 	// replies arrive on _INBOX.
 	Asks []string
+}
+
+// BucketAccess is a service's use of a KV bucket: Writes creates it and
+// reads and writes keys; otherwise it reads and watches them.
+type BucketAccess struct {
+	Bucket string
+	Writes bool
 }
 
 // StreamConsumer names a stream and a durable (or a wildcard '*' durable).
@@ -173,8 +203,11 @@ func Services() []Service {
 	return []Service{
 		{
 			Name: Scheduler,
+			// A budget exhausted under stop-running cancels its tenant's
+			// running rentals as the tenant would (rental.*.cancel_requested).
 			Publishes: []string{subject.RentalScheduledAll, subject.RentalPendingAll, subject.RentalRejectedAll,
-				subject.RentalPreemptedAll, subject.CapacityShortage, subject.AgentCmdAll},
+				subject.RentalPreemptedAll, subject.CapacityShortage, subject.AgentCmdAll, subject.RentalCancelRequestedAll},
+			Buckets: []BucketAccess{{Bucket: BudgetsBucket}},
 			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: "scheduler", MaxAckPending: 8192,
 				FilterSubjects: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll,
 					subject.RentalStoppedAll, subject.RentalMigratingAll}},
@@ -187,6 +220,7 @@ func Services() []Service {
 		{
 			Name:      Metering,
 			Publishes: []string{subject.UsageRecordedAll, subject.UsageBudgetCrossedAll, subject.InvoiceClosedAll},
+			Buckets:   []BucketAccess{{Bucket: BudgetsBucket, Writes: true}},
 			// Usage, invoices and budgets of a tenant, from its aggregates
 			// and the BILLING stream (services/metering/app/query.go).
 			Answers: []string{subject.UsageQueryAll, subject.InvoicesQueryAll, subject.BudgetQueryAll},
@@ -236,7 +270,10 @@ func Services() []Service {
 		{
 			Name: NodeAgent,
 			Publishes: []string{subject.NodeRegisteredAll, subject.NodeTelemetryAll, subject.NodeHealthAll,
-				subject.NodeInterruptionAll, subject.NodeDrainedAll, subject.RentalStartedAll, subject.RentalStoppedAll},
+				subject.NodeInterruptionAll, subject.NodeDrainedAll, subject.RentalStartedAll, subject.RentalStoppedAll,
+				// Its rentals' output. Any rental for now, as with started
+				// and stopped; the trust plane later narrows it to the node.
+				subject.LogAll},
 			// One agent-<node> durable per node (and its forwarder of
 			// exhausted deliveries, which Permissions derives).
 			ConsumerPrefixes: []StreamConsumer{{Stream: StreamAgentCmds, Durable: "*"}},
@@ -250,7 +287,7 @@ func Services() []Service {
 			// Every replica runs the rental read model's projector on one
 			// shared durable (shared/rentalview).
 			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: RentalViewDurable, FilterSubjects: []string{subject.RentalAll}}},
-			Buckets:   []string{IdentityBucket, IdempotencyBucket, RentalViewBucket},
+			Buckets:   []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true}, {Bucket: RentalViewBucket, Writes: true}},
 			// Money is metering's to answer (usage, invoices, budgets).
 			Asks: []string{subject.UsageQueryAll, subject.InvoicesQueryAll, subject.BudgetQueryAll},
 		},

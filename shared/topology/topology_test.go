@@ -50,6 +50,7 @@ func TestEverySubjectHasExactlyOneStream(t *testing.T) {
 		"node.n.health", "node.n.lost", "agent.n.cmd.start", "traffic.p.sample", "scale.p.decided",
 		"scale.fleet.shortage", "usage.t.recorded", "invoice.t.closed", "spot.z.m.price", "dlq.RENTALS.scheduler",
 		"audit.t.rental_create",
+		"log.t.r-1",
 	}
 	for _, s := range samples {
 		if got := owner(s); len(got) != 1 {
@@ -109,6 +110,54 @@ func TestServicePermissionsAreLeastPrivilege(t *testing.T) {
 	if got := topology.PasswordVar("node-agent"); got != "SHIZU_NODE_AGENT_NATS_PASSWORD" {
 		t.Errorf("PasswordVar = %s", got)
 	}
+}
+
+func TestTheNodeAgentMayPublishRentalLogsAndNothingElseInTheLogStream(t *testing.T) {
+	t.Parallel()
+	agent, _ := topology.ServiceNamed(topology.NodeAgent)
+	allowed := func(subj string) bool {
+		for _, pat := range agent.Permissions().Publish {
+			if subject.Matches(pat, subj) {
+				return true
+			}
+		}
+		return false
+	}
+	if !allowed("log.acme.r-1") {
+		t.Error("node-agent may not publish log.acme.r-1")
+	}
+	for _, subj := range []string{"log.acme", "log.acme.r-1.more", "$JS.API.STREAM.PURGE.LOGS", "$JS.API.STREAM.DELETE.LOGS"} {
+		if allowed(subj) {
+			t.Errorf("node-agent may publish %s; it should not", subj)
+		}
+	}
+	for _, svc := range topology.Services() {
+		if svc.Name == topology.NodeAgent {
+			continue
+		}
+		for _, pat := range svc.Permissions().Publish {
+			if subject.Matches(pat, "log.acme.r-1") {
+				t.Errorf("%s may publish rental logs (%s)", svc.Name, pat)
+			}
+		}
+	}
+}
+
+func TestTheLogStreamIsBoundedPerRentalAndInAll(t *testing.T) {
+	t.Parallel()
+	for _, s := range topology.Streams(1) {
+		if s.Name != topology.StreamLogs {
+			continue
+		}
+		if s.MaxMsgsPerSubject <= 0 || s.MaxBytes <= 0 || s.MaxAge <= 0 || s.MaxMsgSize < topology.LogMaxBatchBytes {
+			t.Fatalf("LOGS is not bounded: %+v", s)
+		}
+		if !s.AllowDirect {
+			t.Fatal("LOGS does not allow direct gets (rentallogs.Tail reads by subject)")
+		}
+		return
+	}
+	t.Fatal("no LOGS stream")
 }
 
 func TestPerInstanceDurablesMayRunTheirExhaustedForwarder(t *testing.T) {

@@ -233,7 +233,7 @@ func (s *Scheduler) Start(ctx context.Context, specs ...bus.Consumer) ([]service
 		<-done
 		return nil
 	})
-	parts := []service.Part{loop}
+	parts := []service.Part{loop, s.startBudgets(ctx)}
 	// The records are whole before the first delivery is handled; a
 	// check that fails here is repeated before each batch.
 	if err := s.ensureRecords(ctx); err != nil {

@@ -47,6 +47,9 @@ func (s *Scheduler) admit(ctx context.Context, d bus.Delivery) (*job, error) {
 	case reject != "":
 		return nil, s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, reject)
 	}
+	if refused, err := s.refuseOverBudget(ctx, ev); refused {
+		return nil, err
+	}
 	return s.newJob(ev, r, 1), nil
 }
 

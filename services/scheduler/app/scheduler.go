@@ -92,6 +92,8 @@ type Scheduler struct {
 	claimed chan struct{}
 	// rebuild keeps decisions off records Redis lost (rebuild.go).
 	rebuild rebuild
+	// budgets are the budget hard stops in force (budget.go).
+	budgets budgets
 }
 
 // job is one request in a scheduling round: what the round decides on, and

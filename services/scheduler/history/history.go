@@ -111,6 +111,9 @@ func (f *Fold) Add(ev proto.Message) {
 		}
 		r.decide(max(e.GetAttempt(), 1), round.OutcomeScheduled)
 	case *shizuv1.RentalPreempted:
+		if e.GetReason() == shizuv1.PreemptReason_PREEMPT_REASON_BUDGET_EXHAUSTED {
+			return // a budget notice: its stop is the budget sweep's cancel, not a preemption record's
+		}
 		f.rental(e.GetRentalId()).preempted = e
 	case *shizuv1.RentalRejected:
 		r := f.rental(e.GetRentalId())

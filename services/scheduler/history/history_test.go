@@ -172,3 +172,18 @@ func TestAPreemptionLastsUntilItsVictimStops(t *testing.T) {
 		t.Fatalf("a stopped victim still preempted: %+v", got.Preemptions)
 	}
 }
+
+// A budget notice is no preemption: the budget sweep stops the rental
+// (through a cancel), so a rebuild restores no preemption record for it.
+func TestABudgetNoticeIsNoPreemption(t *testing.T) {
+	t.Parallel()
+	notice := &shizuv1.RentalPreempted{Meta: meta("budget:v"), RentalId: "v", TenantId: "acme", NodeId: "n1",
+		NoticeDeadline: timestamppb.New(t0.Add(5 * time.Minute)), Reason: shizuv1.PreemptReason_PREEMPT_REASON_BUDGET_EXHAUSTED}
+	got := fold(requested("v"), scheduled("v", 1), notice)
+	if len(got.Preemptions) != 0 {
+		t.Fatalf("preemptions %+v, want none for a budget notice", got.Preemptions)
+	}
+	if len(got.Decided) != 1 || !got.Decided[0].Running {
+		t.Fatalf("decided %+v, want the rental running", got.Decided)
+	}
+}
