@@ -161,6 +161,12 @@ type Budget struct {
 	// thresholds).
 	AmountMicros int64       `json:"amount_micros,omitempty"`
 	Thresholds   []Threshold `json:"thresholds"`
+	// Policy is what happens when the month's spend reaches AmountMicros:
+	// alert, reject-new or stop-running (shared/budget).
+	Policy string `json:"policy"`
+	// GraceSeconds is, under stop-running, how long running rentals run
+	// after their notice.
+	GraceSeconds int64 `json:"grace_seconds,omitempty"`
 }
 
 // BudgetAnswer is the tenant's spend in Month and its budget (nil when it

@@ -155,7 +155,7 @@ func TestUsageInvoicesAndBudgetsComeFromMeteringForTheKeysTenantOnly(t *testing.
 	h := newHarness(t, 1, testOptions())
 	acme, globex := h.tenant("acme", identity.ReadOnly), h.tenant("globex", identity.ReadWrite)
 	h.startMetering(`{"budgets": [{"tenant_id": "acme", "currency": "USD", "amount_micros": 1000000000,
-		"thresholds_percent": [50], "thresholds_micros": [1]}]}`, acme)
+		"thresholds_percent": [50], "thresholds_micros": [1], "policy": "stop-running", "grace": "90s"}]}`, acme)
 	acmeRW := h.key("acme", identity.ReadWrite)
 	start := time.Now().UTC().Add(-2 * time.Hour).Truncate(time.Minute)
 	mine := []string{h.create(acmeRW), h.create(acmeRW)}
@@ -243,6 +243,8 @@ type budgetDoc struct {
 	Budget          *struct {
 		ID         string `json:"budget_id"`
 		Amount     int64  `json:"amount_micros"`
+		Policy     string
+		Grace      int64 `json:"grace_seconds"`
 		Thresholds []struct {
 			Micros           int64
 			Percent          int
@@ -261,7 +263,10 @@ func checkBudgetsOfEach(t *testing.T, h *harness, acme, globex string, acmeSpend
 	var mine, theirs budgetDoc
 	h.do(req{method: "GET", path: "/v1/budgets", key: acme}).json(t, &mine)
 	if mine.Month != month || (acmeSpend >= 0 && mine.Spend != acmeSpend) || mine.Budget == nil || mine.Budget.Amount != 1_000_000_000 ||
-		len(mine.Budget.Thresholds) != 2 || !mine.Budget.Thresholds[0].Reached || mine.Budget.Thresholds[1].Percent != 50 {
+		mine.Budget.Policy != "stop-running" || mine.Budget.Grace != 90 ||
+		// 1 µ, 50 % and the 100 % a policy that stops adds
+		len(mine.Budget.Thresholds) != 3 || !mine.Budget.Thresholds[0].Reached || mine.Budget.Thresholds[1].Percent != 50 ||
+		mine.Budget.Thresholds[2].Percent != 100 || mine.Budget.Thresholds[2].Reached {
 		t.Fatalf("acme's budget: %+v (spend %d)", mine, acmeSpend)
 	}
 	h.do(req{method: "GET", path: "/v1/budgets", key: globex}).json(t, &theirs)

@@ -19,6 +19,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/metering/ledger"
 	"github.com/shizu-gpu/shizu/services/metering/redisstore"
 	"github.com/shizu-gpu/shizu/shared/billing"
+	"github.com/shizu-gpu/shizu/shared/budget"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -197,7 +198,11 @@ func (q *Queries) budget(ctx context.Context, tenant string, data []byte) any {
 	if err != nil {
 		return billing.BudgetAnswer{Error: q.unavailable("alerts", err)}
 	}
-	out := &billing.Budget{ID: b.Name(), AmountMicros: b.AmountMicros, Thresholds: []billing.Threshold{}}
+	out := &billing.Budget{ID: b.Name(), AmountMicros: b.AmountMicros, Thresholds: []billing.Threshold{},
+		Policy: string(b.Policy), GraceSeconds: int64(b.GraceOf() / time.Second)}
+	if out.Policy == "" {
+		out.Policy = string(budget.Alert)
+	}
 	for _, t := range b.Thresholds() {
 		done := false
 		for _, a := range alerted {

@@ -192,7 +192,8 @@ func checkBudgets(t *testing.T, e *env, recs []*shizuv1.UsageRecorded) {
 		t.Fatal(err)
 	}
 	spend := spendOf(recs, "t0")
-	if b.Month != "2026-11" || b.SpendMicros != spend || b.Budget == nil || b.Budget.ID != "monthly" || len(b.Budget.Thresholds) != 3 {
+	if b.Month != "2026-11" || b.SpendMicros != spend || b.Budget == nil || b.Budget.ID != "monthly" || len(b.Budget.Thresholds) != 3 ||
+		b.Budget.Policy != "alert" || b.Budget.GraceSeconds != 0 {
 		t.Fatalf("t0's budget: %+v (spend %d)", b, spend)
 	}
 	for _, th := range b.Budget.Thresholds {
