@@ -169,7 +169,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return nil, err
 		}
-		queries, err := ServeQueries(cfg, rt.Bus, store, rt.Log, nil)
+		queries, err := ServeQueries(ctx, cfg, rt.Bus, store, rt.Log, nil)
 		if err != nil {
 			return nil, err
 		}

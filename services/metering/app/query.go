@@ -38,6 +38,9 @@ type Queries struct {
 	js       jetstream.JetStream
 	log      *slog.Logger
 	now      func() time.Time
+	// base is the context answers run in (the caller's, not ended by it:
+	// Stop ends the answers).
+	base     context.Context
 	subs     []*nats.Subscription
 	inflight sync.WaitGroup
 	// slots bounds the queries answered at once.
@@ -49,7 +52,7 @@ const queryTimeout = 5 * time.Second
 
 // ServeQueries subscribes to the money queries on conn (the metering
 // user) and answers them until the returned Queries is stopped.
-func ServeQueries(cfg Config, conn *bus.Conn, store *redisstore.Store, log *slog.Logger, now func() time.Time) (*Queries, error) {
+func ServeQueries(ctx context.Context, cfg Config, conn *bus.Conn, store *redisstore.Store, log *slog.Logger, now func() time.Time) (*Queries, error) {
 	cat, accounts, err := cfg.load()
 	if err != nil {
 		return nil, err
@@ -61,20 +64,20 @@ func ServeQueries(cfg Config, conn *bus.Conn, store *redisstore.Store, log *slog
 		now = time.Now
 	}
 	q := &Queries{store: store, accounts: accounts, currency: cat.Currency, js: conn.JetStream(), log: log, now: now,
-		slots: make(chan struct{}, 16)}
+		base: context.WithoutCancel(ctx), slots: make(chan struct{}, 16)}
 	handlers := map[string]func(context.Context, string, []byte) any{
 		subject.UsageQueryAll: q.usage, subject.InvoicesQueryAll: q.invoices, subject.BudgetQueryAll: q.budget,
 	}
 	for subj, h := range handlers {
 		sub, err := conn.NATS().QueueSubscribe(subj, topology.QueueGroup(topology.Metering), q.handler(h))
 		if err != nil {
-			_ = q.Stop(context.Background())
+			_ = q.Stop(ctx)
 			return nil, fmt.Errorf("metering queries: subscribe %s: %w", subj, err)
 		}
 		q.subs = append(q.subs, sub)
 	}
 	if err := conn.NATS().Flush(); err != nil {
-		_ = q.Stop(context.Background())
+		_ = q.Stop(ctx)
 		return nil, fmt.Errorf("metering queries: %w", err)
 	}
 	return q, nil
@@ -110,7 +113,7 @@ func (q *Queries) handler(h func(context.Context, string, []byte) any) nats.MsgH
 		go func() {
 			defer q.inflight.Done()
 			defer func() { <-q.slots }()
-			ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+			ctx, cancel := context.WithTimeout(q.base, queryTimeout)
 			defer cancel()
 			var ans any
 			tenant := strings.Split(m.Subject, ".")[1]

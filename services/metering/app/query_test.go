@@ -127,7 +127,7 @@ func TestMoneyQueriesAnswerTheSubjectsTenantFromTheAggregates(t *testing.T) {
 	e.publish(t, allEvents(rentals))
 	e.settled(t, cfg.KeyPrefix, expectedLedger(t, cfg, rentals))
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
-	q, err := app.ServeQueries(cfg, r.conn, store, quietLog(t), fixed(base))
+	q, err := app.ServeQueries(t.Context(), cfg, r.conn, store, quietLog(t), fixed(base))
 	if err != nil {
 		t.Fatal(err)
 	}
