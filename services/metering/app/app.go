@@ -169,7 +169,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return nil, err
 		}
-		queries, err := ServeQueries(ctx, cfg, rt.Bus, store, rt.Log, nil)
+		queries, err := ServeQueries(ctx, cfg, QueryDeps{Conn: rt.Bus, Store: store, Log: rt.Log, Meter: rt.Telemetry.MeterProvider()})
 		if err != nil {
 			return nil, err
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/proto"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
@@ -44,32 +45,53 @@ type Queries struct {
 	subs     []*nats.Subscription
 	inflight sync.WaitGroup
 	// slots bounds the queries answered at once.
-	slots chan struct{}
+	slots   chan struct{}
+	answers metric.Int64Counter
+}
+
+// QueryDeps are what the money queries' answers run on.
+type QueryDeps struct {
+	// Conn is the metering user's bus connection.
+	Conn *bus.Conn
+	// Store is the aggregates (read only).
+	Store *redisstore.Store
+	// Log receives warnings (default: discarded).
+	Log *slog.Logger
+	// Now is the clock (default time.Now): the month of a budget query.
+	Now func() time.Time
+	// Meter receives the queries counter (default none).
+	Meter metric.MeterProvider
 }
 
 // queryTimeout bounds the work of one answer.
 const queryTimeout = 5 * time.Second
 
-// ServeQueries subscribes to the money queries on conn (the metering
+// ServeQueries subscribes to the money queries on d.Conn (the metering
 // user) and answers them until the returned Queries is stopped.
-func ServeQueries(ctx context.Context, cfg Config, conn *bus.Conn, store *redisstore.Store, log *slog.Logger, now func() time.Time) (*Queries, error) {
+func ServeQueries(ctx context.Context, cfg Config, d QueryDeps) (*Queries, error) {
 	cat, accounts, err := cfg.load()
 	if err != nil {
 		return nil, err
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
 	}
-	if now == nil {
-		now = time.Now
+	if d.Now == nil {
+		d.Now = time.Now
 	}
-	q := &Queries{store: store, accounts: accounts, currency: cat.Currency, js: conn.JetStream(), log: log, now: now,
-		base: context.WithoutCancel(ctx), slots: make(chan struct{}, 16)}
+	answers, err := newQueryCounter(d.Meter)
+	if err != nil {
+		return nil, err
+	}
+	conn := d.Conn
+	q := &Queries{store: d.Store, accounts: accounts, currency: cat.Currency, js: conn.JetStream(), log: d.Log, now: d.Now,
+		base: context.WithoutCancel(ctx), slots: make(chan struct{}, 16), answers: answers}
 	handlers := map[string]func(context.Context, string, []byte) any{
 		subject.UsageQueryAll: q.usage, subject.InvoicesQueryAll: q.invoices, subject.BudgetQueryAll: q.budget,
 	}
 	for subj, h := range handlers {
-		sub, err := conn.NATS().QueueSubscribe(subj, topology.QueueGroup(topology.Metering), q.handler(h))
+		name := subj[strings.LastIndexByte(subj, '.')+1:]
+		sub, err := conn.NATS().QueueSubscribe(subj, topology.QueueGroup(topology.Metering), q.handler(name, h))
 		if err != nil {
 			_ = q.Stop(ctx)
 			return nil, fmt.Errorf("metering queries: subscribe %s: %w", subj, err)
@@ -103,7 +125,7 @@ func (q *Queries) Stop(ctx context.Context) error {
 
 // handler answers each request in its own goroutine (at most cap(slots)
 // at once).
-func (q *Queries) handler(h func(context.Context, string, []byte) any) nats.MsgHandler {
+func (q *Queries) handler(name string, h func(context.Context, string, []byte) any) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		if m.Reply == "" {
 			return
@@ -122,12 +144,33 @@ func (q *Queries) handler(h func(context.Context, string, []byte) any) nats.MsgH
 			} else {
 				ans = h(ctx, tenant, m.Data)
 			}
+			q.count(ctx, name, ans)
 			b, _ := json.Marshal(ans) // plain values: never fails
 			if err := m.Respond(b); err != nil {
 				q.log.Warn("metering query: reply failed", "subject", m.Subject, "err", err)
 			}
 		}()
 	}
+}
+
+// count counts an answer by query and outcome.
+func (q *Queries) count(ctx context.Context, name string, ans any) {
+	var e *billing.Error
+	switch a := ans.(type) {
+	case billing.UsageAnswer:
+		e = a.Error
+	case billing.InvoicesAnswer:
+		e = a.Error
+	case billing.BudgetAnswer:
+		e = a.Error
+	default:
+		e = &billing.Error{Code: billing.CodeInvalid}
+	}
+	outcome := "answered"
+	if e != nil {
+		outcome = e.Code
+	}
+	q.answers.Add(ctx, 1, metric.WithAttributes(attrQuery.String(name), attrOutcome.String(outcome)))
 }
 
 // decodeQuery decodes a request body strictly; an empty body is {}.

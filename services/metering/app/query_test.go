@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/protobuf/proto"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
@@ -127,7 +129,9 @@ func TestMoneyQueriesAnswerTheSubjectsTenantFromTheAggregates(t *testing.T) {
 	e.publish(t, allEvents(rentals))
 	e.settled(t, cfg.KeyPrefix, expectedLedger(t, cfg, rentals))
 	store := redisstore.New(e.rdb, cfg.KeyPrefix)
-	q, err := app.ServeQueries(t.Context(), cfg, r.conn, store, quietLog(t), fixed(base))
+	reader := sdkmetric.NewManualReader()
+	q, err := app.ServeQueries(t.Context(), cfg, app.QueryDeps{Conn: r.conn, Store: store, Log: quietLog(t), Now: fixed(base),
+		Meter: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,6 +177,15 @@ func TestMoneyQueriesAnswerTheSubjectsTenantFromTheAggregates(t *testing.T) {
 	}
 	checkBudgets(t, e, recs)
 	checkInvoices(t, e, cfg, r)
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(t.Context(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	// 1 unavailable, 16 by tenant and grouping, 1 empty, 2 invalid; 2
+	// budgets; 4 invoice pages.
+	if n := counterSum(rm, "shizu.metering.queries"); n != 26 {
+		t.Fatalf("shizu.metering.queries counted %d answers, want 26", n)
+	}
 }
 
 func spendOf(recs []*shizuv1.UsageRecorded, tenant string) int64 {
