@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/quota"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
@@ -40,8 +41,8 @@ Flags:
 	}
 	replicas := fs.Int("replicas", defReplicas, "stream replicas: 1 on one server, 3 on a cluster [SHIZU_STREAM_REPLICAS]")
 	ttl := fs.Duration("heartbeat-ttl", 3*time.Second, "how long a node's heartbeat key outlives its last beat")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return flagExit(err)
 	}
 	if *replicas < 1 || *replicas > 5 {
 		fmt.Fprintf(stderr, "shizu provision: -replicas %d is out of range 1..5\n", *replicas)
@@ -55,7 +56,8 @@ Flags:
 	return 0
 }
 
-// provision creates or updates every stream and the heartbeat bucket.
+// provision creates or updates every stream, the quota bucket and the
+// heartbeat bucket.
 func provision(ctx context.Context, cfg bus.Config, replicas int, ttl time.Duration) error {
 	c, err := bus.Connect(ctx, cfg, bus.Instruments{})
 	if err != nil {
@@ -63,6 +65,9 @@ func provision(ctx context.Context, cfg bus.Config, replicas int, ttl time.Durat
 	}
 	defer c.Close(context.WithoutCancel(ctx))
 	if err := c.EnsureStreams(ctx, topology.Streams(replicas)...); err != nil {
+		return err
+	}
+	if _, err := quota.Ensure(ctx, c.JetStream(), replicas); err != nil {
 		return err
 	}
 	_, err = c.EnsureHeartbeats(ctx, topology.Heartbeats(replicas, ttl))

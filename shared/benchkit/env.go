@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/shizu-gpu/shizu/shared/bus"
+	"github.com/shizu-gpu/shizu/shared/quota"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -78,6 +79,9 @@ func (e *Env) provision(ctx context.Context) error {
 	}
 	if _, err := e.Admin.EnsureHeartbeats(ctx, topology.Heartbeats(1, 3*time.Second)); err != nil {
 		return fmt.Errorf("benchkit: provision heartbeats: %w", err)
+	}
+	if _, err := quota.Ensure(ctx, e.Admin.JetStream(), 1); err != nil {
+		return fmt.Errorf("benchkit: provision quotas: %w", err)
 	}
 	return nil
 }

@@ -60,6 +60,7 @@
 //	    g<i>.mip.<uuid>            that instance's profile (a MIG share must match it)
 //	    g<i>.health                GPU i: "degraded" | "failed" (absent when healthy;
 //	                               SetGPUHealth, kept across registrations)
+//	    model.<i>                  GPU i's model (what quotas count per model)
 //	shizu:node:{<node>}:allocs   hash    rental id -> allocation JSON, for that node
 //	shizu:rentals                hash    rental id -> allocation JSON (the rental -> node index)
 //	shizu:nodes                  set     every registered node id
@@ -67,6 +68,9 @@
 //	shizu:generation             string  the store's generation: a random id, set
 //	                                     (SET NX) by the first Register/Join or
 //	                                     Restore into a store that has none
+//	shizu:usage                  hash    per-tenant usage in milli-GPU: field <tenant>
+//	                                     its total, "<tenant> <model>" its total on
+//	                                     a model (quota.go); absent fields are 0
 //
 // The two per-node keys share the {<node>} hash tag, so they live in one
 // Redis Cluster slot. The allocation JSON is written to the node's allocs hash
@@ -84,14 +88,15 @@
 //	           generation
 //	Restore    rentals (read), then node, allocs,      (one script; retried when the
 //	           nodes, version, rentals, generation,     index changed between the
-//	           node and allocs of overtaken holders      read and the script)
-//	Reserve    node, allocs, rentals, version          (one script)
+//	           node and allocs of overtaken holders,     read and the script)
+//	           usage
+//	Reserve    node, allocs, rentals, version, usage   (one script)
 //	Release    rentals (read), then node, allocs,      (one script; frees only the
-//	           rentals, version                         allocation the index still
+//	           rentals, version, usage                  allocation the index still
 //	                                                    names, else follows the
 //	                                                    rental to its new node)
-//	HandOver   allocs, rentals, version                (one script; handover.go)
-//	ReleaseOn  node, allocs, rentals, version          (one script per rental,
+//	HandOver   allocs, rentals, version, usage         (one script; handover.go)
+//	ReleaseOn  node, allocs, rentals, version, usage   (one script per rental,
 //	                                                    pipelined)
 //	Renew      node, allocs                            (one script, writes nothing)
 //	Fence      node, allocs, version                   (one script)
@@ -101,6 +106,7 @@
 //	Allocation rentals                                 (one HGET)
 //	Version    version                                 (one GET)
 //	Generation generation                              (one GET)
+//	Usage      usage                                   (HSCAN of the tenant's fields)
 //	Snapshot   version + nodes (one MULTI/EXEC), then node and allocs of
 //	           up to DefaultSnapshotBatch nodes per MULTI/EXEC, in sequence
 //

@@ -10,7 +10,7 @@ import (
 // hand-over can overtake.
 func (s *Store) ReleaseLiveOn(ctx context.Context, rentalID, nodeID string) ([]any, error) {
 	return s.run(ctx, "release "+rentalID, releaseScript,
-		[]string{s.keys.node(nodeID), s.keys.allocs(nodeID), s.keys.rentals(), s.keys.version()},
+		[]string{s.keys.node(nodeID), s.keys.allocs(nodeID), s.keys.rentals(), s.keys.version(), s.keys.usage()},
 		rentalID, nodeID, "live")
 }
 

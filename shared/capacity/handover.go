@@ -28,11 +28,12 @@ import (
 
 // handOverScript moves a rental's allocation on a node out of the index.
 //
-// KEYS: allocs, rentals, version. ARGV: rental id.
+// KEYS: allocs, rentals, version, usage. ARGV: rental id. The rental
+// leaves the index, and so its tenant's usage (quota.go).
 // Reply: {'ok', record} (handed over now or before), {'none'} (the node
 // holds no allocation of the rental), {'elsewhere'} (the index names
 // another record: the node's copy is not the rental's live allocation).
-var handOverScript = redis.NewScript(`
+var handOverScript = redis.NewScript(luaHelpers + luaUsage + `
 local rec = redis.call('HGET', KEYS[1], ARGV[1])
 if not rec then return {'none'} end
 if string.sub(rec, 1, 17) == '{"handover":true,' then return {'ok', rec} end
@@ -40,6 +41,7 @@ if redis.call('HGET', KEYS[2], ARGV[1]) ~= rec then return {'elsewhere'} end
 local out = '{"handover":true,' .. string.sub(rec, 2)
 redis.call('HSET', KEYS[1], ARGV[1], out)
 redis.call('HDEL', KEYS[2], ARGV[1])
+usage(KEYS[4], cjson.decode(rec), -1)
 redis.call('INCR', KEYS[3])
 return {'ok', out}
 `)
@@ -57,7 +59,7 @@ func (s *Store) HandOver(ctx context.Context, rentalID, nodeID string) (Allocati
 	if err := invalid(p...); err != nil {
 		return Allocation{}, fmt.Errorf("capacity: %s: %w", op, err)
 	}
-	res, err := s.run(ctx, op, handOverScript, []string{s.keys.allocs(nodeID), s.keys.rentals(), s.keys.version()}, rentalID)
+	res, err := s.run(ctx, op, handOverScript, []string{s.keys.allocs(nodeID), s.keys.rentals(), s.keys.version(), s.keys.usage()}, rentalID)
 	if err != nil {
 		return Allocation{}, err
 	}
@@ -105,7 +107,7 @@ func (s *Store) releaseOn(ctx context.Context, nodeID, only string, rentalIDs []
 	if len(rentalIDs) == 0 {
 		return nil, nil
 	}
-	keys := []string{s.keys.node(nodeID), s.keys.allocs(nodeID), s.keys.rentals(), s.keys.version()}
+	keys := []string{s.keys.node(nodeID), s.keys.allocs(nodeID), s.keys.rentals(), s.keys.version(), s.keys.usage()}
 	cmds := make([]*redis.Cmd, len(rentalIDs))
 	run := func() error {
 		_, err := s.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {

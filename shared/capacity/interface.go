@@ -28,6 +28,7 @@ type Interface interface {
 	Allocation(ctx context.Context, rentalID string) (Allocation, error)
 	Version(ctx context.Context) (uint64, error)
 	Snapshot(ctx context.Context) (Snapshot, error)
+	Usage(ctx context.Context, tenant string) (Usage, error)
 }
 
 var _ Interface = (*Store)(nil)

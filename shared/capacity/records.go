@@ -65,6 +65,10 @@ type allocationRecord struct {
 	// Attempt is Placement.Attempt (absent when 0); the restore script
 	// reads it.
 	Attempt int32 `json:"attempt,omitempty"`
+	// GPUModels is the model of each of GPUs, as its tenant's usage
+	// counted it (quota.go): written by the reserve script (in front of
+	// the rest) and by Restore; absent when the node's GPUs had none.
+	GPUModels []string `json:"gpu_models,omitempty"`
 }
 
 type shareRecord struct {
@@ -138,11 +142,13 @@ func cloneNode(n Node) Node {
 	return n
 }
 
-func encodeAllocation(p Placement, created time.Time) ([]byte, error) {
+// encodeAllocation is p's record; models, when given, are its shares'
+// GPU models (Restore: Reserve's script adds them itself).
+func encodeAllocation(p Placement, created time.Time, models ...string) ([]byte, error) {
 	r := allocationRecord{
 		RentalID: p.RentalID, NodeID: p.NodeID, Epoch: p.Epoch, Tenant: p.Tenant,
 		CPUMilli: p.CPUMilli, MemoryMiB: p.MemoryMiB, CreatedAt: created, Attempt: p.Attempt,
-		GPUs: make([]shareRecord, len(p.GPUs)),
+		GPUs: make([]shareRecord, len(p.GPUs)), GPUModels: models,
 	}
 	for i, g := range p.GPUs {
 		r.GPUs[i] = shareRecord(g)

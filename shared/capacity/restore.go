@@ -151,7 +151,7 @@ func (s *Store) Restore(ctx context.Context, in RestoreInput) (RestoreResult, er
 	args = append(args, in.Epoch, string(status), newGeneration(), len(in.Placements))
 	created := s.now().UTC()
 	for _, pl := range in.Placements {
-		raw, err := encodeAllocation(pl, created)
+		raw, err := encodeAllocation(pl, created, modelsOf(in.Node, pl)...)
 		if err != nil {
 			return RestoreResult{}, fmt.Errorf("capacity: %s: %w", op, err)
 		}
@@ -183,7 +183,7 @@ func (s *Store) restoreKeys(ctx context.Context, op string, in RestoreInput, arg
 	keys := []string{s.keys.node(in.Node.ID), s.keys.allocs(in.Node.ID), s.keys.nodes(), s.keys.version(),
 		s.keys.rentals(), s.keys.generation()}
 	if len(in.Placements) == 0 {
-		return keys, nil
+		return append(keys, s.keys.usage()), nil
 	}
 	ids := make([]string, len(in.Placements))
 	for i, pl := range in.Placements {
@@ -209,7 +209,24 @@ func (s *Store) restoreKeys(ctx context.Context, op string, in RestoreInput, arg
 		}
 		keys = append(keys, s.keys.node(holder), s.keys.allocs(holder))
 	}
-	return keys, nil
+	return append(keys, s.keys.usage()), nil
+}
+
+// modelsOf is the model of each GPU share of pl on n, as Reserve records
+// it (quota.go): none when n's GPUs name none.
+func modelsOf(n Node, pl Placement) []string {
+	out := make([]string, len(pl.GPUs))
+	named := false
+	for i, g := range pl.GPUs {
+		if g.Index < len(n.GPUs) {
+			out[i] = n.GPUs[g.Index].Model
+			named = named || out[i] != ""
+		}
+	}
+	if !named {
+		return nil
+	}
+	return out
 }
 
 // healthArgs are the restore script's health arguments: the count of
@@ -251,7 +268,9 @@ func restoreOutcome(op string, res []any) (RestoreResult, error) {
 //
 // KEYS: node, allocs, nodes, version, rentals, generation, then for each
 // placement j the node and allocs keys of the node the caller found
-// holding its rental (this node's own when none).
+// holding its rental (this node's own when none), and last the usage
+// hash: what the script indexes is added to its tenant's usage, an index
+// entry it replaces taken away (quota.go).
 // ARGV: register's layout (registerScript, without its generation), then
 // epoch, status, a new generation id, the placement count k, and k groups
 // of (rental id, allocation JSON, attempt, the holder the caller found or
@@ -262,7 +281,7 @@ func restoreOutcome(op string, res []any) (RestoreResult, error) {
 // node at another epoch or dead: nothing written), {'moved', rental} (the
 // index changed since the caller read it: read again), or
 // {'misfit', ...} as registerScript.
-var restoreScript = redis.NewScript(luaHelpers + luaFit + `
+var restoreScript = redis.NewScript(luaHelpers + luaFit + luaUsage + `
 local o = 6 + 3 * tonumber(ARGV[5])
 o = o + 1 + 3 * tonumber(ARGV[o])
 local epoch, status, k = ARGV[o], ARGV[o + 1], tonumber(ARGV[o + 3])
@@ -334,6 +353,9 @@ for _, j in ipairs(overtake) do
 end
 for _, j in ipairs(take) do
   local id, rec = ARGV[o + 4 * j], ARGV[o + 4 * j + 1]
+  local old = redis.call('HGET', KEYS[5], id)
+  if old then usage(KEYS[#KEYS], cjson.decode(old), -1) end
+  usage(KEYS[#KEYS], cjson.decode(rec), 1)
   redis.call('HSET', KEYS[2], id, rec)
   redis.call('HSET', KEYS[5], id, rec)
 end

@@ -24,6 +24,7 @@ local function fmt(x) return string.format('%d', x) end
 const luaFit = `
 local function fit(raws, status, epoch)
   local n = tonumber(ARGV[5])
+  local spec = cjson.decode(ARGV[2])
   local cpu, mem = tonumber(ARGV[3]), tonumber(ARGV[4])
   local milli, vram, sharers, max, mig = {}, {}, {}, {}, {}
   for i = 0, n - 1 do
@@ -73,6 +74,7 @@ local function fit(raws, status, epoch)
     table.insert(f, p .. 'sharers'); table.insert(f, fmt(sharers[i]))
     table.insert(f, p .. 'max'); table.insert(f, fmt(max[i]))
     table.insert(f, p .. 'migmode'); table.insert(f, mig[i])
+    table.insert(f, 'model.' .. fmt(i)); table.insert(f, spec.gpus[i + 1].model)
   end
   for field, holder in pairs(inst) do table.insert(f, field); table.insert(f, holder) end
   for field, profile in pairs(prof) do table.insert(f, field); table.insert(f, profile) end
@@ -98,20 +100,23 @@ end
 // before MIG mode was tracked have only g<i>.mig, MIG capability, and are
 // read as not in MIG mode until the node registers again); its MIG
 // instances are fields g<i>.mi.<uuid>: empty when free, else the holding
-// rental id; g<i>.mip.<uuid> is the instance's profile.
+// rental id; g<i>.mip.<uuid> is the instance's profile; model.<i> is
+// GPU i's model (what quotas count per model; not a g<i>. field, which
+// readers before it would take for a number).
 // Reply: {'ok', epoch, status, changed 0|1, generation} or
 // {'misfit', rental id, resource, GPU index, value} when a live allocation
 // does not fit the new facts.
 var registerScript = redis.NewScript(luaHelpers + luaFit + `
 redis.call('SET', KEYS[5], ARGV[#ARGV], 'NX')
 local gen = redis.call('GET', KEYS[5])
-local cur = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'spec')
+local cur = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'spec', 'model.0')
 local status, epoch = 'ready', '1'
 if cur[1] then
   epoch = cur[2]
   if cur[1] ~= 'dead' then
     status = cur[1]
-    if cur[3] == ARGV[2] then return {'ok', epoch, status, 0, gen} end
+    -- (a node stored before GPU models were kept is written again)
+    if cur[3] == ARGV[2] and cur[4] then return {'ok', epoch, status, 0, gen} end
   end
 end
 local f, misfit = fit(redis.call('HVALS', KEYS[2]), status, epoch)
@@ -123,13 +128,19 @@ redis.call('INCR', KEYS[4])
 return {'ok', epoch, status, 1, gen}
 `)
 
-// reserveScript commits one placement, all or nothing.
+// reserveScript commits one placement, all or nothing, and adds it to its
+// tenant's usage (quota.go), checking the tenant's quota when given.
 //
-// KEYS: node, allocs, rentals, version.
+// KEYS: node, allocs, rentals, version, usage.
 // ARGV: rental id, epoch, cpu milli, memory MiB, allocation JSON, share
 // count n, then n groups of (GPU index, milli, VRAM MiB, MIG profile or an
-// empty string, MIG instance UUID or an empty string).
-// Reply: {'ok', version}, {'existing', allocation JSON}, {'not_found'},
+// empty string, MIG instance UUID or an empty string), then the tenant,
+// "1" when a quota follows (else "0"), the quota's total in milli-GPU,
+// its model count k and k pairs (model, milli-GPU).
+// The record written is the allocation JSON with the model of each share
+// (gpu_models) put in front, when the node's GPUs have models.
+// Reply: {'quota', model (empty for the total), limit, used, want} (milli-GPU),
+// {'ok', version}, {'existing', allocation JSON}, {'not_found'},
 // {'dead', epoch}, {'epoch', epoch}, {'not_ready', status},
 // {'short', GPU index or '-1', resource, free, want}, {'no_gpu', index, count},
 // {'not_mig', index}, {'mig_mode', index}, {'no_instance', index, uuid},
@@ -148,19 +159,40 @@ for j = 0, n - 1 do
   local p = 'g' .. ARGV[7 + 5 * j] .. '.'
   local u = ARGV[11 + 5 * j]
   for _, f in ipairs({'milli', 'vram', 'sharers', 'max', 'migmode', 'health', 'mi.' .. u, 'mip.' .. u}) do fields[#fields + 1] = p .. f end
+  fields[#fields + 1] = 'model.' .. ARGV[7 + 5 * j]
 end
 local v = redis.call('HMGET', KEYS[1], unpack(fields))
 if not v[1] then return {'not_found'} end
 if v[1] == 'dead' then return {'dead', v[2]} end
 if tonumber(v[2]) ~= tonumber(ARGV[2]) then return {'epoch', v[2]} end
 if v[1] ~= 'ready' then return {'not_ready', v[1]} end
+-- The tenant's usage: what it holds, what this placement adds.
+local q, tenant = 7 + 5 * n, ARGV[7 + 5 * n]
+local want, wantm, models = 0, {}, {}
+for j = 0, n - 1 do
+  local milli, m = tonumber(ARGV[8 + 5 * j]), v[14 + 9 * j]
+  want = want + milli
+  models[j + 1] = m or ''
+  if m then wantm[m] = (wantm[m] or 0) + milli end
+end
+if ARGV[q + 1] == '1' then
+  local used = tonumber(redis.call('HGET', KEYS[5], tenant) or '0')
+  if used + want > tonumber(ARGV[q + 2]) then return {'quota', '', ARGV[q + 2], fmt(used), fmt(want)} end
+  for l = 1, tonumber(ARGV[q + 3]) do
+    local m, max = ARGV[q + 2 + 2 * l], ARGV[q + 3 + 2 * l]
+    if wantm[m] then
+      local u = tonumber(redis.call('HGET', KEYS[5], tenant .. ' ' .. m) or '0')
+      if u + wantm[m] > tonumber(max) then return {'quota', m, max, fmt(u), fmt(wantm[m])} end
+    end
+  end
+end
 local cpu, mem = tonumber(v[3]) - tonumber(ARGV[3]), tonumber(v[4]) - tonumber(ARGV[4])
 if cpu < 0 then return {'short', '-1', 'cpu_milli', v[3], ARGV[3]} end
 if mem < 0 then return {'short', '-1', 'memory_mib', v[4], ARGV[4]} end
 local set = {'cpu_free', fmt(cpu), 'mem_free', fmt(mem)}
 local count = tonumber(v[5])
 for j = 0, n - 1 do
-  local b, o = 7 + 5 * j, 6 + 8 * j
+  local b, o = 7 + 5 * j, 6 + 9 * j
   local i = ARGV[b]
   if tonumber(i) >= count then return {'no_gpu', i, v[5]} end
   if v[o + 5] then return {'unhealthy', i, v[o + 5]} end
@@ -184,14 +216,19 @@ for j = 0, n - 1 do
   set[#set + 1] = fields[o + 2]; set[#set + 1] = fmt(sharers + 1)
 end
 redis.call('HSET', KEYS[1], unpack(set))
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[5])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
+local rec = ARGV[5]
+if next(wantm) then rec = '{"gpu_models":' .. cjson.encode(models) .. ',' .. string.sub(rec, 2) end
+redis.call('HSET', KEYS[2], ARGV[1], rec)
+redis.call('HSET', KEYS[3], ARGV[1], rec)
+redis.call('HINCRBY', KEYS[5], tenant, fmt(want))
+for m, w in pairs(wantm) do redis.call('HINCRBY', KEYS[5], tenant .. ' ' .. m, fmt(w)) end
 return {'ok', redis.call('INCR', KEYS[4])}
 `)
 
-// releaseScript gives one allocation's capacity back and forgets it.
+// releaseScript gives one allocation's capacity back and forgets it; an
+// index entry it removes is taken away from its tenant's usage.
 //
-// KEYS: node, allocs, rentals, version.
+// KEYS: node, allocs, rentals, version, usage.
 // ARGV: rental id, the node id the caller found in the index, and
 // optionally a mode: "handover" releases only a handed-over copy
 // (handover.go); "live" only the allocation the index names (Release: the
@@ -200,7 +237,7 @@ return {'ok', redis.call('INCR', KEYS[4])}
 // releases whatever this node holds for the rental (ReleaseOn).
 // Reply: {'ok', version}, {'none'} (nothing to release), {'moved', node id}
 // (the rental now lives on another node: look it up again).
-var releaseScript = redis.NewScript(luaHelpers + `
+var releaseScript = redis.NewScript(luaHelpers + luaUsage + `
 local rec = redis.call('HGET', KEYS[2], ARGV[1])
 if ARGV[3] == 'handover' and not (rec and string.sub(rec, 1, 17) == '{"handover":true,') then return {'none'} end
 if ARGV[3] == 'live' and rec then
@@ -216,6 +253,7 @@ if not rec then
   -- An index entry without its node record (never written so by this
   -- package): drop it, there is no capacity to give back.
   redis.call('HDEL', KEYS[3], ARGV[1])
+  usage(KEYS[5], cjson.decode(idx), -1)
   return {'ok', redis.call('INCR', KEYS[4])}
 end
 local a = cjson.decode(rec)
@@ -242,7 +280,10 @@ end
 redis.call('HDEL', KEYS[2], ARGV[1])
 -- The index entry is this very record unless the allocation was handed
 -- over (Store.HandOver): then the index is gone or names the next run.
-if redis.call('HGET', KEYS[3], ARGV[1]) == rec then redis.call('HDEL', KEYS[3], ARGV[1]) end
+if redis.call('HGET', KEYS[3], ARGV[1]) == rec then
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  usage(KEYS[5], a, -1)
+end
 return {'ok', redis.call('INCR', KEYS[4])}
 `)
 

@@ -86,6 +86,7 @@ func (k keyspace) nodes() string           { return k.prefix + ":nodes" }
 func (k keyspace) rentals() string         { return k.prefix + ":rentals" }
 func (k keyspace) version() string         { return k.prefix + ":version" }
 func (k keyspace) generation() string      { return k.prefix + ":generation" }
+func (k keyspace) usage() string           { return k.prefix + ":usage" }
 
 // unavailable wraps an error from Redis itself.
 func unavailable(op string, err error) error {
@@ -138,7 +139,11 @@ func checkEpoch(p *problems, field string, epoch uint64) {
 // draining, a GPU of p is not healthy (see SetGPUHealth), a MIG share on a
 // GPU not in MIG mode or naming an instance it does not have, a non-MIG
 // share on a GPU in MIG mode: the caller's view is stale),
-// *InsufficientError.
+// *InsufficientError, *QuotaError (p.Quota is set and the placement would
+// take its tenant past it; checked before the node's capacity).
+//
+// Every reserve adds the placement to its tenant's usage (quota.go),
+// whether or not p.Quota is set.
 func (s *Store) Reserve(ctx context.Context, p Placement) (Allocation, error) {
 	c, err := s.reserveCall(p)
 	if err != nil {
@@ -172,13 +177,14 @@ func (s *Store) reserveCall(p Placement) (reserveCall, error) {
 	if err != nil {
 		return reserveCall{}, fmt.Errorf("capacity: %s: %w", op, err)
 	}
-	args := make([]any, 0, 6+5*len(p.GPUs))
+	args := make([]any, 0, 10+5*len(p.GPUs))
 	args = append(args, p.RentalID, p.Epoch, p.CPUMilli, p.MemoryMiB, raw, len(p.GPUs))
 	for _, g := range p.GPUs {
 		args = append(args, g.Index, g.Milli, g.VRAMMiB, g.MIGProfile, g.MIGInstance)
 	}
+	args = append(args, quotaArgs(p.Tenant, p.Quota)...)
 	return reserveCall{op: op, p: p, created: created, args: args,
-		keys: []string{s.keys.node(p.NodeID), s.keys.allocs(p.NodeID), s.keys.rentals(), s.keys.version()}}, nil
+		keys: []string{s.keys.node(p.NodeID), s.keys.allocs(p.NodeID), s.keys.rentals(), s.keys.version(), s.keys.usage()}}, nil
 }
 
 // outcome maps the reserve script's reply to Reserve's result.
@@ -190,7 +196,10 @@ func (c reserveCall) outcome(res []any) (Allocation, error) {
 	switch str(res[0]) {
 	case "ok":
 		p.GPUs = slices.Clone(p.GPUs)
+		p.Quota = nil
 		return Allocation{Placement: p, CreatedAt: c.created}, nil
+	case "quota":
+		return Allocation{}, quotaOutcome(op, p, res)
 	case "existing":
 		a, err := decodeAllocation(str(res[1]))
 		if err != nil {
@@ -256,7 +265,7 @@ func (s *Store) Release(ctx context.Context, rentalID string) (released bool, er
 			return false, fmt.Errorf("capacity: %s: %w", op, err)
 		}
 		res, err := s.run(ctx, op, releaseScript,
-			[]string{s.keys.node(a.NodeID), s.keys.allocs(a.NodeID), s.keys.rentals(), s.keys.version()},
+			[]string{s.keys.node(a.NodeID), s.keys.allocs(a.NodeID), s.keys.rentals(), s.keys.version(), s.keys.usage()},
 			rentalID, a.NodeID, "live")
 		if err != nil {
 			return false, err

@@ -868,8 +868,8 @@ func TestKeysShareAHashTag(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(keys) != 7 { // n1 has no allocations, so no allocs hash
-				t.Fatalf("keys %v: want node hashes, n2's allocs, rentals, nodes, version and generation", keys)
+			if len(keys) != 8 { // n1 has no allocations, so no allocs hash
+				t.Fatalf("keys %v: want node hashes, n2's allocs, rentals, nodes, version, generation and usage", keys)
 			}
 			for _, k := range keys {
 				tag := hashTag(k)

@@ -121,6 +121,10 @@ type Placement struct {
 	// not say. Restore keeps the higher attempt when two nodes hold the
 	// same rental.
 	Attempt int32
+	// Quota, when set, is the tenant's limits: Reserve refuses the
+	// placement (*QuotaError) when it would take the tenant past them
+	// (quota.go). Nil: no limit. It is not stored.
+	Quota *Quota
 }
 
 // Allocation is a placement as the store recorded it.

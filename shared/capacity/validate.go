@@ -191,6 +191,9 @@ func (pl Placement) Validate() error {
 	if pl.Attempt < 0 {
 		p.addf("Attempt", "must not be negative, got %d", pl.Attempt)
 	}
+	if pl.Quota != nil {
+		pl.Quota.check(&p, "Quota")
+	}
 	if len(pl.GPUs) == 0 || len(pl.GPUs) > MaxGPUsPerNode {
 		p.addf("GPUs", "must list 1..%d GPU shares, got %d", MaxGPUsPerNode, len(pl.GPUs))
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/quota"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -95,8 +96,9 @@ func Platform(t testing.TB, opts ...PlatformOption) *Deployment {
 	return d
 }
 
-// Provision creates the streams, the tenant API's buckets and, with WithHeartbeats, the heartbeat
-// bucket, as `shizu provision` does.
+// Provision creates the streams, the tenant API's buckets, the quota
+// bucket and, with WithHeartbeats, the heartbeat bucket, as `shizu
+// provision` does.
 func (d *Deployment) Provision(t testing.TB) {
 	t.Helper()
 	if err := d.Admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
@@ -104,6 +106,9 @@ func (d *Deployment) Provision(t testing.TB) {
 	}
 	if err := d.Admin.EnsureBuckets(t.Context(), topology.Buckets(1)...); err != nil {
 		t.Fatalf("testkit: provision the buckets: %v", err)
+	}
+	if _, err := quota.Ensure(t.Context(), d.Admin.JetStream(), 1); err != nil {
+		t.Fatalf("testkit: provision the quota bucket: %v", err)
 	}
 	if d.heartbeatTTL > 0 {
 		hb, err := d.Admin.EnsureHeartbeats(t.Context(), topology.Heartbeats(1, d.heartbeatTTL))

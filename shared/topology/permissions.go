@@ -165,7 +165,7 @@ func writeList(b *strings.Builder, key string, subjects []string) {
 // and for its writer creating the bucket and putting and deleting keys.
 func (b BucketAccess) permissions() []string {
 	st := "KV_" + b.Bucket
-	out := []string{"$JS.API.STREAM.INFO." + st, "$JS.API.DIRECT.GET." + st + ".>", "$JS.API.STREAM.MSG.GET." + st,
+	out := []string{"$JS.API.STREAM.INFO." + st, "$JS.API.CONSUMER.CREATE." + st, "$JS.API.DIRECT.GET." + st + ".>", "$JS.API.STREAM.MSG.GET." + st,
 		"$JS.API.CONSUMER.CREATE." + st + ".>", "$JS.API.CONSUMER.DELETE." + st + ".>",
 		"$JS.API.CONSUMER.INFO." + st + ".>", "$JS.FC." + st + ".>"}
 	if b.Writes {

@@ -43,6 +43,10 @@ const (
 	// that stops (stream KV_BUDGETS): metering creates and writes it, the
 	// scheduler watches it.
 	BudgetsBucket = "BUDGETS"
+	// QuotaBucket is the KV bucket of per-tenant quotas (stream
+	// KV_QUOTAS; shared/quota), written by operators, watched by the
+	// scheduler.
+	QuotaBucket = "QUOTAS"
 )
 
 // IdempotencyTTL is how long a POST's first answer is replayed.
@@ -207,7 +211,8 @@ func Services() []Service {
 			// running rentals as the tenant would (rental.*.cancel_requested).
 			Publishes: []string{subject.RentalScheduledAll, subject.RentalPendingAll, subject.RentalRejectedAll,
 				subject.RentalPreemptedAll, subject.CapacityShortage, subject.AgentCmdAll, subject.RentalCancelRequestedAll},
-			Buckets: []BucketAccess{{Bucket: BudgetsBucket}},
+			// Each reservation carries the tenant's quota (QuotaBucket).
+			Buckets: []BucketAccess{{Bucket: BudgetsBucket}, {Bucket: QuotaBucket}},
 			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: "scheduler", MaxAckPending: 8192,
 				FilterSubjects: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll,
 					subject.RentalStoppedAll, subject.RentalMigratingAll}},

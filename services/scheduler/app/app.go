@@ -21,6 +21,7 @@ import (
 	"github.com/shizu-gpu/shizu/services/scheduler/round"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/quota"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -205,15 +206,32 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return nil, err
 		}
-		s, err := New(cfg, Deps{Bus: rt.Bus, Store: store, Redis: rt.Redis, Log: rt.Log, Metrics: m})
+		quotas, err := quota.Open(ctx, rt.Bus.JetStream())
 		if err != nil {
+			return nil, err
+		}
+		cache, err := quotas.Watch(ctx, rt.Log)
+		if err != nil {
+			return nil, err
+		}
+		watch := service.PartFunc(func(context.Context) error { cache.Stop(); return nil })
+		s, err := New(cfg, Deps{Bus: rt.Bus, Store: store, Redis: rt.Redis, Log: rt.Log, Metrics: m, Quotas: cache})
+		if err != nil {
+			cache.Stop()
 			return nil, err
 		}
 		svc, _ := topology.ServiceNamed(topology.Scheduler)
 		if err := service.EnsureConsumers(ctx, rt, svc.Consumers...); err != nil {
+			cache.Stop()
 			return nil, err
 		}
-		return s.Start(ctx, svc.Consumers...)
+		parts, err := s.Start(ctx, svc.Consumers...)
+		if err != nil {
+			cache.Stop()
+			return nil, err
+		}
+		// Stopped last: the loop reserves with the quotas until it ends.
+		return append([]service.Part{watch}, parts...), nil
 	})
 }
 
@@ -253,7 +271,8 @@ func (s *Scheduler) Start(ctx context.Context, specs ...bus.Consumer) ([]service
 	// Deliveries come in batches of up to BatchSize, Concurrency in flight
 	// in all, so the loop has the next batch at hand while the previous
 	// one's events are being stored.
-	opts := bus.BatchOptions{MaxBatch: s.cfg.BatchSize, Concurrency: max(1, s.cfg.Concurrency/s.cfg.BatchSize), FastAck: true}
+	opts := bus.BatchOptions{MaxBatch: s.cfg.BatchSize, Concurrency: max(1, s.cfg.Concurrency/s.cfg.BatchSize), FastAck: true,
+		Unusable: s.onForged}
 	for _, spec := range specs {
 		sub, err := s.d.Bus.ConsumeBatch(ctx, spec, s.gated(s.onBatch(s.Router())), opts)
 		if err != nil {

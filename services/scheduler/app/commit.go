@@ -24,6 +24,7 @@ const commitChunk = 64
 // returns.
 type committer struct {
 	reserver ports.Reserver
+	quotas   ports.Quotas
 	ctx      context.Context
 	chunks   chan []*job
 	workers  int
@@ -32,7 +33,7 @@ type committer struct {
 }
 
 func (s *Scheduler) startCommit(ctx context.Context) *committer {
-	return &committer{reserver: s.reserve, ctx: ctx, most: s.cfg.CommitWorkers,
+	return &committer{reserver: s.reserve, quotas: s.d.Quotas, ctx: ctx, most: s.cfg.CommitWorkers,
 		chunks: make(chan []*job, s.cfg.BatchSize/commitChunk+1)}
 }
 
@@ -58,6 +59,9 @@ func (c *committer) work() {
 			// The store keeps the attempt: of a rental two nodes restore
 			// after a lost Redis, the later attempt stays.
 			p.Attempt = max(j.Attempt, 1)
+			if c.quotas != nil {
+				p.Quota = c.quotas.Quota(p.Tenant)
+			}
 			ps = append(ps, p)
 		}
 		for i, r := range c.reserver.ReserveMany(c.ctx, ps) {
@@ -108,6 +112,10 @@ func (c *roundCommit) Settle() []*job {
 	c.cm = nil
 	var refused []*job
 	for _, j := range c.commit {
+		if overQuota(j) {
+			refused = append(refused, j)
+			continue
+		}
 		if capacity.IsInsufficient(j.err) || capacity.IsFenced(j.err) || capacity.IsConflict(j.err) || capacity.IsNotFound(j.err) {
 			c.s.metrics.conflict(c.ctx)
 			j.err = nil
@@ -149,6 +157,7 @@ func (c *roundCommit) Decided(jobs []*job) error {
 		j.Decided = decided[i]
 	}
 	c.adopt(jobs)
+	c.s.checkQuotas(c.ctx, jobs)
 	return c.s.awaitVictims(c.ctx, jobs)
 }
 

@@ -31,10 +31,16 @@ type Deps struct {
 	// publisher (both optional).
 	Records   ports.OutcomeRecords
 	Publisher ports.Publisher
+	// Owners records which tenant owns each rental id; unset, the Records
+	// when they are one (the Redis records are).
+	Owners ports.Owners
 	// Market holds the spot prices; unset, the Records when they are one
 	// (the Redis records are), else spot prices are not followed.
 	Market ports.SpotMarket
 	Log    *slog.Logger
+	// Quotas are the tenants' quotas, handed to the store with each
+	// reservation; nil: no tenant has one.
+	Quotas ports.Quotas
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Metrics may be nil.
@@ -54,6 +60,7 @@ type Scheduler struct {
 	rec     ports.OutcomeRecords
 	pub     ports.Publisher
 	market  ports.SpotMarket
+	owners  ports.Owners // nil: ownership not kept (test fakes only)
 	plan    round.Config
 	source  string
 	metrics *Metrics
@@ -145,7 +152,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 		return nil, err
 	}
 	s := &Scheduler{
-		cfg: cfg, d: d, reserve: d.Store, rec: d.Records, pub: d.Publisher, market: d.Market, catalogue: catalogue,
+		cfg: cfg, d: d, reserve: d.Store, rec: d.Records, pub: d.Publisher, market: d.Market, owners: ownersOf(d), catalogue: catalogue,
 		plan: round.Config{Placer: pl, AgingStep: cfg.AgingStep, PendingTimeout: cfg.PendingTimeout,
 			PreemptionNotice: cfg.PreemptionNotice, Commitments: commitments, MaxPendingTimeout: cfg.MaxPendingTimeout,
 			Offers: offers, JudgeFrom: d.Now().Add(cfg.UnsatisfiableGrace)},

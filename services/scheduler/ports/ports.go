@@ -33,6 +33,13 @@ type Reserver interface {
 	Allocation(ctx context.Context, rentalID string) (capacity.Allocation, error)
 }
 
+// Quotas are the tenants' quotas (shared/quota's watching Cache is one):
+// the scheduler hands the tenant's to the store with each reservation.
+type Quotas interface {
+	// Quota is the tenant's quota; nil when it has none.
+	Quota(tenant string) *capacity.Quota
+}
+
 // Class is what the scheduler remembers of a placed rental (for
 // preemption): its class and priority, and for a capped spot rental its
 // maximum price (a price rise above it interrupts the rental).

@@ -68,6 +68,12 @@ type Job struct {
 	Decided bool
 	// Placed is where Place put the request.
 	Placed placement.Placement
+	// OverQuota, when set, is why the tenant's quota holds the request
+	// back, in people's words: the store refused its reservation over
+	// quota (Commit.Settle), or the caller found the tenant's usage too
+	// high for it before the no-fit decisions (Commit.Decided). It then
+	// waits with PENDING_REASON_QUOTA. Place clears it.
+	OverQuota string
 }
 
 // NewJob is a job for a request made at its meta's occurred_at; it waits
@@ -146,6 +152,7 @@ var ErrNoFit = placement.ErrNoFit
 // an error: [ErrNoFit] when no node has room, any other when the request
 // cannot be placed at all.
 func Place(v *view.View, j *Job, at time.Time, cfg Config) error {
+	j.OverQuota = ""
 	p, err := cfg.Placer.Place(v.Cluster(), &j.Request)
 	if err != nil {
 		return err
@@ -180,6 +187,8 @@ func (p Pending[J]) Message() string {
 	switch p.Reason {
 	case shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION:
 		return "waiting for spot rentals to be preempted: " + Describe(r)
+	case shizuv1.PendingReason_PENDING_REASON_QUOTA:
+		return "waiting for room in the tenant's quota: " + p.Job.Planning().OverQuota
 	case shizuv1.PendingReason_PENDING_REASON_SPOT_PRICE_ABOVE_MAX:
 		return fmt.Sprintf("waiting for a spot price at most the maximum of %s per GPU-hour: every node with room for %s prices above it",
 			formatPrice(r.MaxSpotPrice), Describe(r))
@@ -249,7 +258,9 @@ func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) N
 		if now.After(j.Deadline) {
 			wait := j.Deadline.Sub(j.Enqueued)
 			msg := fmt.Sprintf("no capacity for %s within %s", Describe(&j.Request), wait)
-			if PriceOnly(v, &j.Request, cfg) {
+			if j.OverQuota != "" {
+				msg = fmt.Sprintf("no room in the tenant's quota for %s within %s: %s", Describe(&j.Request), wait, j.OverQuota)
+			} else if PriceOnly(v, &j.Request, cfg) {
 				msg = fmt.Sprintf("the spot price stayed above the maximum of %s per GPU-hour for %s within %s",
 					formatPrice(j.Request.MaxSpotPrice), Describe(&j.Request), wait)
 			}
@@ -257,7 +268,11 @@ func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) N
 			continue
 		}
 		p := Pending[J]{Job: jj, Reason: shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY, PreemptUntil: j.PreemptUntil, Note: u.Note}
-		if PriceOnly(v, &j.Request, cfg) {
+		if j.OverQuota != "" {
+			// No preemption and no shortage: more capacity would not
+			// place it, a stop of the tenant's own rentals will.
+			p.Reason, p.PreemptUntil = shizuv1.PendingReason_PENDING_REASON_QUOTA, time.Time{}
+		} else if PriceOnly(v, &j.Request, cfg) {
 			p.Reason = shizuv1.PendingReason_PENDING_REASON_SPOT_PRICE_ABOVE_MAX
 		} else if now.Before(j.PreemptUntil) {
 			p.Reason = shizuv1.PendingReason_PENDING_REASON_AWAITING_PREEMPTION
@@ -281,7 +296,9 @@ func DecideNoFit[J Planned](v *view.View, jobs []J, now time.Time, cfg Config) N
 		if u.Why != "" && cfg.JudgeFrom.Before(out.NextDeadline) {
 			out.NextDeadline = cfg.JudgeFrom // judged again once the grace ends
 		}
-		p.Missing = cfg.Placer.Shortage(v.Cluster(), &j.Request)
+		if p.Reason != shizuv1.PendingReason_PENDING_REASON_QUOTA {
+			p.Missing = cfg.Placer.Shortage(v.Cluster(), &j.Request)
+		}
 		out.Pending = append(out.Pending, p)
 	}
 	return out
@@ -321,7 +338,8 @@ type Commit[J Planned] interface {
 	// Settle waits until every job handed to Reserve since the last Settle
 	// is reserved or failed, and returns the ones the store refused: Plan
 	// takes them out of the view, marks their nodes stale and places them
-	// again in the next pass.
+	// again in the next pass, except those refused over quota (OverQuota
+	// set), which fit nowhere for now.
 	Settle() (refused []J)
 	// Refresh ends a pass: the caller re-reads the stale nodes into the
 	// view. With whole set, every job that fits nowhere and nothing is
@@ -413,18 +431,24 @@ func (out *RoundPlan[J]) pass(v *view.View, todo []J, now time.Time, cfg Config,
 		return nil, noFit
 	}
 	gone := make(map[*Job]bool, len(refused))
+	again := refused[:0:0]
 	for _, j := range refused {
 		p := j.Planning()
 		gone[p] = true
 		v.Remove(p.Placed.NodeID, p.Request.ID)
+		if p.OverQuota != "" {
+			noFit = append(noFit, j) // the node had room: it stays fresh
+			continue
+		}
 		v.MarkStale(p.Placed.NodeID)
+		again = append(again, j)
 	}
 	for _, j := range placed {
 		if !gone[j.Planning()] {
 			out.Reserve = append(out.Reserve, j)
 		}
 	}
-	return refused, noFit
+	return again, noFit
 }
 
 // Describe is a request's shape in words.

@@ -33,6 +33,11 @@ func Run(t *testing.T, newStore func(t *testing.T) capacity.Interface) {
 		{"a restore brings a lost node back with its allocations in one step", restore},
 		{"a rental two nodes restore stays with the higher attempt", restoreMoved},
 		{"a restore whose allocations do not fit writes nothing", restoreMisfit},
+		{"a reserve past the tenant's total quota is refused, naming the limit, and changes nothing", quotaTotal},
+		{"a reserve past the tenant's quota on a model is refused; other models count towards the total", quotaPerModel},
+		{"a tenant's usage follows release, hand-over, release on a node and fencing exactly", quotaCounters},
+		{"a restore counts what it brings back once and takes away what it overtakes", quotaRestore},
+		{"a quota that fails validation is invalid and changes nothing", quotaInvalid},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.run(t, newStore(t)) })
 	}

@@ -25,6 +25,9 @@ type Store struct {
 	// index is each rental's live allocation: the very record its node
 	// holds, unless the node's copy was handed over.
 	index map[string]*capacity.Allocation
+	// models is the GPU model of each share of the allocations, as their
+	// tenants' usage counts them (capacity's quota.go).
+	models map[*capacity.Allocation][]string
 	// generation is the store's generation id, "" until the first
 	// registration or restore (capacity.Store.Generation).
 	generation string
@@ -41,7 +44,8 @@ type node struct {
 
 // New returns an empty store; allocations are stamped with time.Now.
 func New() *Store {
-	return &Store{now: time.Now, nodes: map[string]*node{}, index: map[string]*capacity.Allocation{}}
+	return &Store{now: time.Now, nodes: map[string]*node{}, index: map[string]*capacity.Allocation{},
+		models: map[*capacity.Allocation][]string{}}
 }
 
 var _ capacity.Interface = (*Store)(nil)
@@ -243,6 +247,10 @@ func (s *Store) reserve(op string, p capacity.Placement) (capacity.Allocation, e
 	case n.status != capacity.StatusReady:
 		return capacity.Allocation{}, fail(op, capacity.ErrConflict, "node is %s", n.status)
 	}
+	models := modelsOn(n.spec, p)
+	if err := s.checkQuota(op, p, models); err != nil {
+		return capacity.Allocation{}, err
+	}
 	f := freeOf(n.spec, n.allocs)
 	short := func(gpu int, res string, free, want int64) (capacity.Allocation, error) {
 		return capacity.Allocation{}, fmt.Errorf("capacity: %s: %w", op, &capacity.InsufficientError{
@@ -289,8 +297,10 @@ func (s *Store) reserve(op string, p capacity.Placement) (capacity.Allocation, e
 	}
 	a := &capacity.Allocation{Placement: p, CreatedAt: s.now().UTC().Round(0)}
 	a.GPUs = slices.Clone(p.GPUs)
+	a.Quota = nil
 	n.allocs[p.RentalID] = a
 	s.index[p.RentalID] = a
+	s.models[a] = models
 	s.version++
 	return cloneAllocation(*a), nil
 }
@@ -320,6 +330,7 @@ func (s *Store) Release(_ context.Context, rentalID string) (bool, error) {
 		delete(n.allocs, rentalID)
 	}
 	delete(s.index, rentalID)
+	delete(s.models, a)
 	s.version++
 	return true, nil
 }
@@ -364,6 +375,7 @@ func (s *Store) releaseOn(nodeID string, handedOverOnly bool, rentalIDs []string
 			// An index entry naming this node without its record: drop it.
 			if idx, ok := s.index[id]; ok && idx.NodeID == nodeID {
 				delete(s.index, id)
+				delete(s.models, idx)
 				s.version++
 				out[i] = true
 			}
@@ -373,6 +385,7 @@ func (s *Store) releaseOn(nodeID string, handedOverOnly bool, rentalIDs []string
 		if s.index[id] == rec {
 			delete(s.index, id)
 		}
+		delete(s.models, rec)
 		s.version++
 		out[i] = true
 	}
@@ -405,6 +418,7 @@ func (s *Store) HandOver(_ context.Context, rentalID, nodeID string) (capacity.A
 	out.HandingOver = true
 	n.allocs[rentalID] = &out
 	delete(s.index, rentalID)
+	delete(s.models, rec)
 	s.version++
 	return cloneAllocation(out), nil
 }
@@ -670,4 +684,74 @@ func cloneNode(n capacity.Node) capacity.Node {
 	}
 	n.Labels = maps.Clone(n.Labels)
 	return n
+}
+
+// modelsOn is the GPU model of each share of p on a node of spec.
+func modelsOn(spec capacity.Node, p capacity.Placement) []string {
+	out := make([]string, len(p.GPUs))
+	for k, g := range p.GPUs {
+		if g.Index < len(spec.GPUs) {
+			out[k] = spec.GPUs[g.Index].Model
+		}
+	}
+	return out
+}
+
+// usageOf is what tenant's live (indexed) allocations hold; call with
+// s.mu held.
+func (s *Store) usageOf(tenant string) capacity.Usage {
+	u := capacity.Usage{PerModel: map[string]int64{}}
+	for _, a := range s.index {
+		if a.Tenant != tenant {
+			continue
+		}
+		models := s.models[a]
+		for k, g := range a.GPUs {
+			u.MilliGPU += g.Milli
+			if k < len(models) && models[k] != "" {
+				u.PerModel[models[k]] += g.Milli
+			}
+		}
+	}
+	return u
+}
+
+// checkQuota refuses p, with shares of models, when it would take its
+// tenant past p.Quota, as the Redis store's reserve does; call with s.mu
+// held.
+func (s *Store) checkQuota(op string, p capacity.Placement, models []string) error {
+	if p.Quota == nil {
+		return nil
+	}
+	u := s.usageOf(p.Tenant)
+	var want int64
+	wantm := map[string]int64{}
+	for k, g := range p.GPUs {
+		want += g.Milli
+		if models[k] != "" {
+			wantm[models[k]] += g.Milli
+		}
+	}
+	over := func(model string, limit, used, w int64) error {
+		return fmt.Errorf("capacity: %s: %w", op, &capacity.QuotaError{Tenant: p.Tenant, Model: model, Limit: limit, Used: used, Want: w})
+	}
+	if u.MilliGPU+want > p.Quota.MaxGPUs*capacity.MilliPerGPU {
+		return over("", p.Quota.MaxGPUs, u.MilliGPU, want)
+	}
+	for _, m := range slices.Sorted(maps.Keys(p.Quota.PerModel)) {
+		if w, ok := wantm[m]; ok && u.PerModel[m]+w > p.Quota.PerModel[m]*capacity.MilliPerGPU {
+			return over(m, p.Quota.PerModel[m], u.PerModel[m], w)
+		}
+	}
+	return nil
+}
+
+// Usage reads what tenant holds now, as capacity.Store.Usage.
+func (s *Store) Usage(_ context.Context, tenant string) (capacity.Usage, error) {
+	if tenant == "" {
+		return capacity.Usage{}, fail("read usage", capacity.ErrInvalid, "tenant: must not be empty")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.usageOf(tenant), nil
 }

@@ -59,7 +59,7 @@ func (s *Store) Restore(_ context.Context, in capacity.RestoreInput) (capacity.R
 		}
 		status, allocs, health = cur.status, maps.Clone(cur.allocs), cur.health
 	}
-	var overtaken []*capacity.Allocation
+	var overtaken, added []*capacity.Allocation
 	for _, p := range in.Placements {
 		if allocs[p.RentalID] != nil {
 			continue
@@ -73,7 +73,9 @@ func (s *Store) Restore(_ context.Context, in capacity.RestoreInput) (capacity.R
 		}
 		a := &capacity.Allocation{Placement: p, CreatedAt: s.now().UTC().Round(0)}
 		a.GPUs = slices.Clone(p.GPUs)
+		a.Quota = nil
 		allocs[p.RentalID] = a
+		added = append(added, a)
 	}
 	health = maps.Clone(health)
 	for i, h := range in.Health {
@@ -88,6 +90,13 @@ func (s *Store) Restore(_ context.Context, in capacity.RestoreInput) (capacity.R
 		if n, ok := s.nodes[held.NodeID]; ok {
 			delete(n.allocs, held.RentalID)
 		}
+		delete(s.models, held)
+	}
+	for _, a := range added {
+		if old, ok := s.index[a.RentalID]; ok {
+			delete(s.models, old)
+		}
+		s.models[a] = modelsOn(spec, a.Placement)
 	}
 	for id, a := range allocs {
 		if !a.HandingOver {

@@ -1,0 +1,7 @@
+package quota
+
+// Key and TenantOf expose the key escaping to the tests.
+var (
+	Key      = key
+	TenantOf = tenantOf
+)
