@@ -41,8 +41,12 @@ type Queries struct {
 	now      func() time.Time
 	// base is the context answers run in (the caller's, not ended by it:
 	// Stop ends the answers).
-	base     context.Context
-	subs     []*nats.Subscription
+	base context.Context
+	subs []*nats.Subscription
+	// mu orders inflight.Add before Stop's Wait: once stopped is set no
+	// answer starts.
+	mu       sync.Mutex
+	stopped  bool
 	inflight sync.WaitGroup
 	// slots bounds the queries answered at once.
 	slots   chan struct{}
@@ -107,6 +111,9 @@ func ServeQueries(ctx context.Context, cfg Config, d QueryDeps) (*Queries, error
 
 // Stop stops taking queries and waits for those being answered.
 func (q *Queries) Stop(ctx context.Context) error {
+	q.mu.Lock()
+	q.stopped = true
+	q.mu.Unlock()
 	var errs []error
 	for _, s := range q.subs {
 		if err := s.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
@@ -130,7 +137,13 @@ func (q *Queries) handler(name string, h func(context.Context, string, []byte) a
 		if m.Reply == "" {
 			return
 		}
+		q.mu.Lock()
+		if q.stopped {
+			q.mu.Unlock()
+			return
+		}
 		q.inflight.Add(1)
+		q.mu.Unlock()
 		q.slots <- struct{}{}
 		go func() {
 			defer q.inflight.Done()
