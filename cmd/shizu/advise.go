@@ -77,6 +77,9 @@ var adviseVerb = verb{
 			w := advisor.Workload{TrainingGPUHours: *trainHours, TrainingGPUs: int32(*trainGPUs), SpotOverheadPercent: *overhead,
 				TuningSessions: *sessions, SessionLength: *sessionLen, SessionGPUs: int32(*sessionGPUs),
 				From: from, Deadline: from.Add(time.Duration(*days) * 24 * time.Hour)}
+			if err := adviseFlagsProblem(w); err != nil {
+				return err
+			}
 			if err := w.Validate(); err != nil {
 				return usagef("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
 			}
@@ -89,11 +92,39 @@ var adviseVerb = verb{
 				return err
 			}
 			if cf.output == "json" {
-				return printJSON(stdout, map[string]any{"model": *model, "prices": source, "on_demand_micros": onDemand.Micros, "advice": adv})
+				return printJSON(stdout, adviceJSON(*model, onDemand, source, adv))
 			}
 			return printAdvice(stdout, *model, onDemand, source, adv)
 		}
 	},
+}
+
+// adviseFlagsProblem names the flag of a workload the advisor would
+// refuse ("quantities must not be negative" does not say which).
+func adviseFlagsProblem(w advisor.Workload) error {
+	for _, f := range []struct {
+		flag string
+		bad  bool
+		v    any
+	}{
+		{"-training-gpu-hours", w.TrainingGPUHours < 0, w.TrainingGPUHours},
+		{"-spot-overhead", w.SpotOverheadPercent < 0, w.SpotOverheadPercent},
+		{"-sessions", w.TuningSessions < 0, w.TuningSessions},
+		{"-session-length", w.SessionLength < 0, w.SessionLength},
+	} {
+		if f.bad {
+			return usagef("%s %v: must not be negative", f.flag, f.v)
+		}
+	}
+	switch {
+	case w.TrainingGPUHours > 0 && w.TrainingGPUs < 1:
+		return usagef("-training-gpus %d: training needs at least one GPU (or -training-gpu-hours 0)", w.TrainingGPUs)
+	case w.TuningSessions > 0 && w.SessionGPUs < 1:
+		return usagef("-session-gpus %d: tuning sessions need at least one GPU (or -sessions 0)", w.SessionGPUs)
+	case w.TuningSessions > 0 && w.SessionLength <= 0:
+		return usagef("-session-length %s: tuning sessions need a length (or -sessions 0)", w.SessionLength)
+	}
+	return nil
 }
 
 // adviceMarket is the market the advice prices: the on-demand list price,
@@ -136,6 +167,47 @@ func adviceMarket(ctx context.Context, cf clientFlags, onDemand pricing.Money, m
 		m.SpotByHourMicros[h] = flat
 	}
 	return m, source, nil
+}
+
+// adviceView is what `shizu advise -o json` prints.
+type adviceView struct {
+	Model          string      `json:"model"`
+	Prices         string      `json:"prices"`
+	OnDemandMicros int64       `json:"on_demand_micros"`
+	Currency       string      `json:"currency"`
+	Advice         adviceTotal `json:"advice"`
+}
+
+// adviceTotal is the recommended schedule and its cost against all on
+// demand.
+type adviceTotal struct {
+	Blocks            []adviceBlock `json:"blocks"`
+	TotalMicros       int64         `json:"total_micros"`
+	AllOnDemandMicros int64         `json:"all_on_demand_micros"`
+	SavingMicros      int64         `json:"saving_micros"`
+	Currency          string        `json:"currency"`
+}
+
+// adviceBlock is one block of the schedule: what runs, on which plan,
+// when, on how many GPUs, at what cost.
+type adviceBlock struct {
+	What   string    `json:"what"`
+	Plan   string    `json:"plan"`
+	Start  time.Time `json:"start"`
+	End    time.Time `json:"end"`
+	GPUs   int32     `json:"gpus"`
+	Micros int64     `json:"cost_micros"`
+}
+
+func adviceJSON(model string, onDemand pricing.Money, source string, adv advisor.Advice) adviceView {
+	v := adviceView{Model: model, Prices: source, OnDemandMicros: onDemand.Micros, Currency: onDemand.Currency,
+		Advice: adviceTotal{Blocks: []adviceBlock{}, TotalMicros: adv.TotalMicros, AllOnDemandMicros: adv.AllOnDemandMicros,
+			SavingMicros: adv.SavingMicros, Currency: adv.Currency}}
+	for _, b := range adv.Blocks {
+		v.Advice.Blocks = append(v.Advice.Blocks, adviceBlock{What: b.What, Plan: planName(b.Plan), Start: b.Start.UTC(), End: b.End.UTC(),
+			GPUs: b.GPUs, Micros: b.Micros})
+	}
+	return v
 }
 
 // printAdvice writes the advice as a table of blocks and the saving.

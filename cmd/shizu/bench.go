@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,9 +34,15 @@ type benchReport struct {
 	NotHere    []string      `json:"not_here"`
 }
 
-// failed says whether some check missed its goal.
-func (r benchReport) failed() bool {
-	return slices.ContainsFunc(r.Results, func(res benchResult) bool { return !res.Pass })
+// missed names the checks that missed their goal.
+func (r benchReport) missed() []string {
+	var out []string
+	for _, res := range r.Results {
+		if !res.Pass {
+			out = append(out, res.Check)
+		}
+	}
+	return out
 }
 
 func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -76,8 +81,8 @@ func runBenchCommand(ctx context.Context, args []string, checks []benchCheck, st
 		fmt.Fprintf(stderr, "shizu bench: %v\n", err)
 		return 1
 	}
-	if rep.failed() && !o.reportOnly {
-		fmt.Fprintln(stderr, "shizu bench: a check missed its goal (FAIL above); -report-only exits 0 whatever the verdicts")
+	if missed := rep.missed(); len(missed) > 0 && !o.reportOnly {
+		fmt.Fprintf(stderr, "shizu bench: %s missed its goal (FAIL above); -report-only exits 0 whatever the verdicts\n", strings.Join(missed, ", "))
 		return 1
 	}
 	return 0
@@ -97,11 +102,8 @@ func parseBenchFlags(args []string, checks []benchCheck, stderr io.Writer) (o be
 	fs.StringVar(&o.out, "o", "table", "output: table or json")
 	fs.BoolVar(&o.reportOnly, "report-only", false, "exit 0 even when a check misses its goal (the report still says FAIL)")
 	fs.Usage = func() { benchUsage(fs, checks, stderr) }
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return o, 0
-		}
-		return o, 2
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return o, flagExit(err)
 	}
 	switch {
 	case fs.NArg() > 0:

@@ -24,6 +24,8 @@ func TestBenchPrintsEveryCheckWithItsCeilingAndGoal(t *testing.T) {
 	if code := run(t.Context(), []string{"bench", "-n", "40", "-o", "json", "-report-only"}, &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
+	// Every key, the checks' extra figures too, is snake_case.
+	assertSnakeJSON(t, "bench", out.Bytes(), "results", "extra")
 	var rep benchReport
 	dec := json.NewDecoder(&out)
 	dec.DisallowUnknownFields()
@@ -100,6 +102,7 @@ func TestBenchExitStatusFollowsTheGoals(t *testing.T) {
 		reported int // results on stdout
 	}{
 		{"every goal met exits 0", []benchCheck{met, alsoMet}, nil, 0, 2},
+		{"a missed goal exits 1 with the table too", []benchCheck{met, missed}, []string{"-o", "table"}, 1, -1},
 		{"a missed goal exits 1 after the whole report", []benchCheck{missed, met}, nil, 1, 2},
 		{"-report-only exits 0 with a missed goal", []benchCheck{missed, met}, []string{"-report-only"}, 0, 2},
 		{"a check that cannot run exits 1 without a report", []benchCheck{met, broken}, []string{"-report-only"}, 1, 0},
@@ -113,6 +116,15 @@ func TestBenchExitStatusFollowsTheGoals(t *testing.T) {
 			args := append([]string{"-o", "json", "-only", strings.Join(names, ",")}, tc.args...)
 			if code := runBenchCommand(t.Context(), args, tc.checks, &out, &errOut); code != tc.want {
 				t.Fatalf("exit %d, want %d; stderr %s", code, tc.want, errOut.String())
+			}
+			if tc.want == 1 && tc.reported != 0 && !strings.Contains(errOut.String(), "shizu bench: missed missed its goal (FAIL above)") {
+				t.Fatalf("stderr %q does not name the check that missed its goal", errOut.String())
+			}
+			if tc.reported < 0 { // the table
+				if !strings.Contains(out.String(), "FAIL") {
+					t.Fatalf("table without FAIL:\n%s", out.String())
+				}
+				return
 			}
 			if tc.reported == 0 {
 				if out.Len() != 0 {

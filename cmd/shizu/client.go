@@ -256,11 +256,8 @@ func (v verb) main(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 	}
 	for {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return exitOK
-			}
-			return exitUsage
+		if err := parseFlags(fs, rest, stderr); err != nil {
+			return flagExit(err)
 		}
 		if fs.NArg() == 0 {
 			break
@@ -270,11 +267,12 @@ func (v verb) main(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	positional = append(positional, tail...)
 	if err := run(ctx, positional, stdout); err != nil {
-		fmt.Fprintf(stderr, "shizu %s: %s\n", v.name, oneLine(err))
 		var ue usageError
 		if errors.As(err, &ue) {
+			fmt.Fprintf(stderr, "shizu %s: %s %s\n", v.name, oneLine(err), helpHint("shizu "+v.name))
 			return exitUsage
 		}
+		fmt.Fprintf(stderr, "shizu %s: %s\n", v.name, oneLine(err))
 		return exitFail
 	}
 	return exitOK

@@ -60,8 +60,8 @@ Flags:
 	fs.StringVar(&o.fleet, "fleet", defaultFleet, "simulated GPU hosts: profile[:count[:spot]],... with profiles "+strings.Join(nodeagent.SimulatedProfiles(), ", "))
 	fs.DurationVar(&o.interval, "meter-interval", time.Minute, "metering: usage records of running rentals close at multiples of this")
 	fs.DurationVar(&o.minCharge, "minimum-charge", time.Minute, "metering: least an on-demand rental the tenant ends is billed")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return flagExit(err)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "shizu dev: unexpected argument %q\n", fs.Arg(0))

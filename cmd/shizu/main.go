@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 )
 
@@ -19,7 +20,7 @@ Usage:
   shizu provision [flags]  create or update the JetStream streams (as the admin user)
   shizu replay [flags]     replay the Alibaba GPU trace through the placement policies
   shizu bench [flags]      measure the performance checks against ceilings of this machine
-  shizu version            print the version
+  shizu version            print the release and the commit it was built from
 
 Tenant:
   shizu rent [flags]       rent GPUs (whole, fraction, NVLink, MIG, TEE; on-demand, reserved, spot)
@@ -38,7 +39,19 @@ Operator:
 Run "shizu <command> -h" for a command's flags and examples.
 `
 
-var version = "dev"
+// commandHint names the command closest to a mistyped one ("; did you
+// mean rent?"), or "" when none is close.
+func commandHint(name string) string {
+	names := []string{"dev", "provision", "replay", "bench", "version", "help"}
+	for n := range verbs() {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	if best := closest(name, names); best != "" {
+		return "; did you mean " + best + "?"
+	}
+	return ""
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -63,8 +76,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "bench":
 		return benchCommand(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
-		fmt.Fprintln(stdout, "shizu", version)
-		return 0
+		return versionCommand(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help", "-help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -72,7 +84,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if v, ok := verbs()[args[0]]; ok {
 			return v.main(ctx, args[1:], stdout, stderr)
 		}
-		fmt.Fprintf(stderr, "shizu: unknown command %q\n\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "shizu: unknown command %q%s (see 'shizu help')\n", args[0], commandHint(args[0]))
 		return 2
 	}
 }

@@ -72,7 +72,7 @@ func foldNodeEvents(events []event) nodeHealth {
 			if h.gpu[m.GetNodeId()] == nil {
 				h.gpu[m.GetNodeId()] = map[int32]string{}
 			}
-			word := enumWord(m.GetHealth().String(), "HEALTH_")
+			word := enumText(m.GetHealth())
 			h.gpu[m.GetNodeId()][m.GetGpuIndex()] = word
 			what := "node"
 			if m.GetGpuIndex() >= 0 {
@@ -86,7 +86,7 @@ func foldNodeEvents(events []event) nodeHealth {
 		case *shizuv1.NodeInterruptionNoticed:
 			h.last[m.GetNodeId()] = "spot interruption by " + ts(m.GetDeadline()).Local().Format("15:04:05")
 		case *shizuv1.NodeLost:
-			h.last[m.GetNodeId()] = fmt.Sprintf("lost: %s (epoch %d fenced)", enumWord(m.GetReason().String(), "NODE_LOST_REASON_"), m.GetFencedEpoch())
+			h.last[m.GetNodeId()] = fmt.Sprintf("lost: %s (epoch %d fenced)", enumText(m.GetReason()), m.GetFencedEpoch())
 		case *shizuv1.NodeDrained:
 			h.last[m.GetNodeId()] = "drained"
 		}

@@ -50,12 +50,28 @@ var poolsApplyVerb = verb{
 			if err := publishPool(ctx, cf, ev); err != nil {
 				return err
 			}
+			if cf.output == "json" {
+				return printJSON(stdout, poolPublished{Pool: pool.ID, Tenant: pool.Tenant, Declared: true,
+					MinReplicas: pool.MinReplicas, MaxReplicas: pool.MaxReplicas, GPUs: pool.Rental.GPUCount})
+			}
 			fmt.Fprintf(stdout, "pool %s of %s declared: %d to %d replicas of %d GPU(s).\n", pool.ID, pool.Tenant,
 				pool.MinReplicas, pool.MaxReplicas, pool.Rental.GPUCount)
 			fmt.Fprint(stdout, deadLetterHint)
 			return nil
 		}
 	},
+}
+
+// poolPublished is what `shizu pools apply` and `withdraw` print with
+// -o json: what was published (the autoscaler may still refuse it).
+type poolPublished struct {
+	Pool        string `json:"pool_id"`
+	Tenant      string `json:"tenant_id"`
+	Declared    bool   `json:"declared,omitempty"`
+	Withdrawn   bool   `json:"withdrawn,omitempty"`
+	MinReplicas int    `json:"min_replicas,omitempty"`
+	MaxReplicas int    `json:"max_replicas,omitempty"`
+	GPUs        int32  `json:"gpus_per_replica,omitempty"`
 }
 
 // deadLetterHint follows a published declaration or withdrawal: the
@@ -81,6 +97,9 @@ var poolsWithdrawVerb = verb{
 			if err := publishPool(ctx, cf, ev); err != nil {
 				return err
 			}
+			if cf.output == "json" {
+				return printJSON(stdout, poolPublished{Pool: args[0], Tenant: *tenant, Withdrawn: true})
+			}
 			fmt.Fprintf(stdout, "withdrawal of pool %s of %s published: the autoscaler cancels its replicas and forgets its policy.\n", args[0], *tenant)
 			fmt.Fprint(stdout, deadLetterHint)
 			return nil
@@ -105,7 +124,7 @@ func publishPool(ctx context.Context, cf clientFlags, ev *shizuv1.PoolDeclared) 
 	now := time.Now()
 	ev.Meta = shizuv1.NewMeta("pool:"+ev.GetPoolId()+":declared:"+strconv.FormatInt(now.UnixNano(), 10), cliSource, "", ev.GetPoolId(), now)
 	if err := ev.Validate(); err != nil {
-		return usagef("%w", err)
+		return invalid(err, fieldWords{"pool_id": "pool id", "tenant_id": "-tenant", "policy_json": "the pool file (-f)"})
 	}
 	subj, err := subject.Format(subject.ScalePoolDeclared, ev.GetPoolId())
 	if err != nil {

@@ -41,8 +41,8 @@ Flags:
 	}
 	replicas := fs.Int("replicas", defReplicas, "stream replicas: 1 on one server, 3 on a cluster [SHIZU_STREAM_REPLICAS]")
 	ttl := fs.Duration("heartbeat-ttl", 3*time.Second, "how long a node's heartbeat key outlives its last beat")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return flagExit(err)
 	}
 	if *replicas < 1 || *replicas > 5 {
 		fmt.Fprintf(stderr, "shizu provision: -replicas %d is out of range 1..5\n", *replicas)

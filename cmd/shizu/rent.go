@@ -159,7 +159,13 @@ func (o rentOptions) spec(command []string) (*shizuv1.RentalSpec, error) {
 		}
 	}
 	if o.nvlink {
+		if o.gpus < 2 {
+			return nil, usagef("-nvlink joins GPUs of one node: it needs -gpus 2 or more (got -gpus %d)", o.gpus)
+		}
 		s.Interconnect = shizuv1.Interconnect_INTERCONNECT_NVLINK
+	}
+	if o.mig != "" && (o.gpus != 1 || milli < 1000 || o.nvlink) {
+		return nil, usagef("-mig %s is one whole MIG slice of one GPU: it takes neither -gpus above 1, -fraction nor -nvlink", o.mig)
 	}
 	if plan == shizuv1.Plan_PLAN_RESERVED && len(s.AllowedModels) == 0 {
 		return nil, usagef("-plan reserved needs -model, the model of your reserved commitment: a reserved rental is billed against " +
@@ -273,7 +279,7 @@ func (c *rentCommand) run(ctx context.Context, args []string, stdout io.Writer) 
 	ev := &shizuv1.RentalRequested{Meta: shizuv1.NewMeta("rental:"+rid+":requested", cliSource, "", rid, time.Now()),
 		RentalId: rid, TenantId: tenant, Spec: spec}
 	if err := ev.Validate(); err != nil {
-		return usagef("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+		return invalid(err, rentFields)
 	}
 	subj, err := subject.Format(subject.RentalRequested, tenant)
 	if err != nil {

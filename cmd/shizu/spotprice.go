@@ -20,6 +20,9 @@ import (
 // nothing in the platform sets spot prices itself. Metering bills spot
 // seconds at it; the scheduler places capped spot requests against it and
 // interrupts running ones it puts above their maximum.
+// spotPriceFields are the SpotPriceChanged fields `shizu spot-price` sets.
+var spotPriceFields = fieldWords{"price_per_gpu_hour": "price", "effective_at": "-at"}
+
 var spotPriceVerb = verb{
 	name:    "spot-price",
 	summary: "Publish a spot price change (SpotPriceChanged) of a GPU model in a zone, as a market feed would.",
@@ -105,7 +108,7 @@ func spotPriceChanged(args []string, currency, at string, now time.Time) (*shizu
 		EffectiveAt: timestamppb.New(effective),
 	}
 	if err := ev.Validate(); err != nil {
-		return nil, "", usagef("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+		return nil, "", invalid(err, spotPriceFields)
 	}
 	return ev, subj, nil
 }

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
@@ -211,7 +210,7 @@ var stopVerb = verb{
 			ev := &shizuv1.RentalCancelRequested{Meta: shizuv1.NewMeta("rental:"+r.ID+":cancel_requested", cliSource, "", r.ID, time.Now()),
 				RentalId: r.ID, TenantId: r.Tenant, RequestedBy: who, Reason: *reason}
 			if err := ev.Validate(); err != nil {
-				return usagef("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+				return invalid(err, rentFields)
 			}
 			subj, err := subject.Format(subject.RentalCancelRequested, r.Tenant)
 			if err != nil {

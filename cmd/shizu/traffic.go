@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -13,6 +12,10 @@ import (
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/subject"
 )
+
+// trafficFields are the TrafficSampled fields `shizu traffic` sets.
+var trafficFields = fieldWords{"pool_id": "pool id", "requests_per_second": "-rps", "concurrent_requests": "-concurrent",
+	"p99_latency": "-p99", "window": "-window"}
 
 var trafficVerb = verb{
 	name:    "traffic",
@@ -52,7 +55,7 @@ var trafficVerb = verb{
 				return ev
 			}
 			if err := mk(time.Now()).Validate(); err != nil {
-				return usagef("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+				return invalid(err, trafficFields)
 			}
 			conn, _, err := cf.connect(ctx)
 			if err != nil {

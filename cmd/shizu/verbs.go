@@ -6,5 +6,6 @@ func verbs() map[string]verb {
 	for _, v := range []verb{rentVerb, lsVerb, showVerb, stopVerb, billVerb, adviseVerb, nodesVerb, poolsVerb.with(poolsApplyVerb, poolsWithdrawVerb), trafficVerb, spotPriceVerb, chaosVerb, quotaVerb.with(quotaSetVerb, quotaShowVerb, quotaDeleteVerb)} {
 		m[v.name] = v
 	}
+	m[logsVerb.name] = logsVerb
 	return m
 }

@@ -75,10 +75,6 @@ func milliString(m int32) string {
 
 func planName(p shizuv1.Plan) string { return rentalview.PlanName(p) }
 
-func enumWord(s, prefix string) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s, prefix)), "_", " ")
-}
-
 func ts(t *timestamppb.Timestamp) time.Time {
 	if t == nil {
 		return time.Time{}
@@ -87,7 +83,7 @@ func ts(t *timestamppb.Timestamp) time.Time {
 }
 
 // rentals folds rental events into one view per rental, in order of first
-// appearance.
+// appearance, with what the events say in people's words.
 func rentals(events []event) []*rentalView {
 	byID := map[string]*rentalView{}
 	var order []*rentalView
@@ -109,6 +105,9 @@ func rentals(events []event) []*rentalView {
 			order = append(order, r)
 		}
 		rentalview.Apply((*rentalview.Rental)(r), e.Msg, ts(metaOf(e.Msg).GetOccurredAt()))
+	}
+	for _, r := range order {
+		r.inPeoplesWords()
 	}
 	return order
 }

@@ -320,7 +320,7 @@ func TestVerbsFailInOneLine(t *testing.T) {
 		want string
 	}{
 		{"rent refuses a fraction above one GPU", []string{"rent", "-fraction", "1.5", "-vram", "1G"}, 2, "-fraction"},
-		{"rent refuses an NVLink MIG slice", []string{"rent", "-gpus", "2", "-nvlink", "-mig", "1g.10gb"}, 2, "mig_profile"},
+		{"rent refuses an NVLink MIG slice", []string{"rent", "-gpus", "2", "-nvlink", "-mig", "1g.10gb"}, 2, "-mig 1g.10gb is one whole MIG slice"},
 		{"rent refuses a spot cap on demand", []string{"rent", "-max-price", "1.0"}, 2, "a maximum price is only for -plan spot"},
 		{"rent refuses an unknown flag", []string{"rent", "-gpu", "2"}, 2, "flag provided but not defined"},
 		{"ls without a platform says how to start one", []string{"ls", "-dev-dir", empty}, 1, "start one with `shizu dev`"},
@@ -333,13 +333,16 @@ func TestVerbsFailInOneLine(t *testing.T) {
 		{"spot-price refuses a model that is no subject token", []string{"spot-price", "local", "H100 SXM", "2.10"}, 2, "zone or model"},
 		{"-o refuses unknown formats", []string{"ls", "-o", "yaml", "-dev-dir", empty}, 2, "want table or json"},
 		{"advise refuses an unknown model", []string{"advise", "-offline", "-model", "V100"}, 2, "not in the price catalogue"},
+		{"advise names a negative quantity's flag", []string{"advise", "-offline", "-sessions", "-3"}, 2, "-sessions -3: must not be negative"},
+		{"advise names the GPUs training lacks", []string{"advise", "-offline", "-training-gpus", "0"}, 2, "-training-gpus 0: training needs at least one GPU"},
+		{"advise names a session without a length", []string{"advise", "-offline", "-session-length", "0s"}, 2, "-session-length 0s: tuning sessions need a length"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			code := run(t.Context(), c.args, &out, &errOut)
 			msg := errOut.String()
-			if c.want != "flag provided but not defined" && strings.Count(strings.TrimSpace(msg), "\n") != 0 {
+			if strings.Count(strings.TrimSpace(msg), "\n") != 0 {
 				t.Fatalf("stderr is not one line:\n%s", msg)
 			}
 			if code != c.code || !strings.Contains(msg, c.want) {
@@ -366,7 +369,7 @@ func TestAdviseOffline(t *testing.T) {
 	t.Parallel()
 	var out, errOut bytes.Buffer
 	code := run(t.Context(), []string{"advise", "-offline", "-spot-price", "0.80", "-training-gpu-hours", "100", "-training-gpus", "4", "-o", "json"}, &out, &errOut)
-	if code != 0 || !strings.Contains(out.String(), `"SavingMicros"`) || !strings.Contains(out.String(), "assumed flat spot price 0.800000 USD") {
+	if code != 0 || !strings.Contains(out.String(), `"saving_micros"`) || !strings.Contains(out.String(), "assumed flat spot price 0.800000 USD") {
 		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errOut.String())
 	}
 }

@@ -30,9 +30,12 @@ type Result struct {
 	AtMost bool    `json:"goal_is_upper_bound,omitempty"`
 	Pass   bool    `json:"pass"`
 	// Size is the amount of work (requests, events, samples, decisions).
-	Size    int                `json:"size"`
-	Seconds float64            `json:"seconds"`
-	Extra   map[string]float64 `json:"extra,omitempty"`
+	Size    int     `json:"size"`
+	Seconds float64 `json:"seconds"`
+	// Extra are further figures by name; the names are snake_case
+	// ("paced_p99_ms", "records_per_s"): they are JSON keys of
+	// `shizu bench -o json`.
+	Extra map[string]float64 `json:"extra,omitempty"`
 	// CPU is what the measured phase cost the processor, where a
 	// benchmark measures it (go test -bench reports it).
 	CPU CPU `json:"-"`

@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -36,11 +37,19 @@ type BatchOptions struct {
 	// RetryDelays and FastAck are as in ConsumeOptions.
 	RetryDelays []time.Duration
 	FastAck     bool
+	// Unusable, when set, is told of each delivery dead-lettered before
+	// the handler saw it (reason: no type, a contradicted type, a body
+	// naming another tenant than its subject), before its dead letter is
+	// stored, so the service can answer the sender (the scheduler rejects
+	// a forged request to its subject's tenant). d.Event is the subject's
+	// type when it was consistent, else "unusable".
+	Unusable func(ctx context.Context, d Delivery, reason error)
 }
 
 // ConsumeBatch is Consume for a handler of batches. A delivery's Event is
-// the type its subject carries (see Carried); a delivery without a type or
-// whose Shizu-Event header its subject contradicts is dead-lettered before
+// the type its subject carries (see Carried); a delivery without a type,
+// whose Shizu-Event header its subject contradicts, or whose body names
+// another tenant than its subject (TenantMismatch) is dead-lettered before
 // the handler sees it. A type the handler does not handle must get an error
 // (Unhandled), not nil. Exhausted deliveries are forwarded to the dead
 // letters as with Consume.
@@ -57,7 +66,7 @@ func (c *Conn) ConsumeBatch(ctx context.Context, spec Consumer, h BatchHandlerFu
 		opts.Concurrency = 1
 	}
 	s := newSubscription(opts.MaxBatch)
-	w := &worker{c: c, spec: spec, opts: ConsumeOptions{RetryDelays: opts.RetryDelays, FastAck: opts.FastAck}}
+	w := &worker{c: c, spec: spec, opts: ConsumeOptions{RetryDelays: opts.RetryDelays, FastAck: opts.FastAck}, unusable: opts.Unusable}
 	hctx := context.WithoutCancel(ctx)
 	for range opts.Concurrency {
 		s.workers.Add(1)
@@ -105,8 +114,14 @@ func (w *worker) handleBatch(ctx context.Context, h BatchHandlerFunc, msgs []jet
 			Header: hdr, Data: m.Data(), Delivered: md.NumDelivered, StreamSeq: md.Sequence.Stream}
 		want, declared := EventOn(d.Subject)
 		event, err := typeOf(d, want, declared)
+		if err == nil {
+			err = TenantMismatch(d.Subject, event, d.Data)
+		}
 		if err != nil { // unusable: never handed to the handler
-			d.Event = unusableEvent
+			d.Event = cmp.Or(event, unusableEvent)
+			if w.unusable != nil {
+				w.unusable(ctx, d, err)
+			}
 			w.deadLetter(ctx, m, d, err.Error())
 			continue
 		}

@@ -54,8 +54,9 @@ type HandlerFunc func(ctx context.Context, d Delivery) error
 // Router maps event names to handlers. The event of a delivery is the one
 // its subject carries (see Carried); a delivery the consumer cannot use is
 // dead-lettered with the reason: no event type, a Shizu-Event header its
-// subject contradicts (an unknown type included), or a type this router has
-// no handler for. Nothing is acknowledged unread.
+// subject contradicts (an unknown type included), a body naming another
+// tenant than its subject (TenantMismatch), or a type this router has no
+// handler for. Nothing is acknowledged unread.
 type Router struct {
 	handlers  map[string]HandlerFunc
 	bySubject []subjectEvent
@@ -117,6 +118,9 @@ func (r *Router) route(d Delivery) (string, HandlerFunc) {
 	}
 	event, err := typeOf(d, want, declared)
 	if err != nil {
+		return "", reject(err)
+	}
+	if err := TenantMismatch(d.Subject, event, d.Data); err != nil {
 		return "", reject(err)
 	}
 	if h := r.handlers[event]; h != nil {
@@ -296,6 +300,8 @@ type worker struct {
 	spec   Consumer
 	router *Router
 	opts   ConsumeOptions
+	// unusable is BatchOptions.Unusable.
+	unusable func(ctx context.Context, d Delivery, reason error)
 }
 
 func (w *worker) handle(ctx context.Context, m jetstream.Msg) {

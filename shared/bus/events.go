@@ -56,6 +56,7 @@ var carried = func() []SubjectEvent {
 		{subject.UsageBudgetCrossedAll, n(&shizuv1.BudgetThresholdCrossed{})},
 		{subject.InvoiceClosedAll, n(&shizuv1.InvoiceClosed{})},
 		{subject.SpotPriceChangedAll, n(&shizuv1.SpotPriceChanged{})},
+		{subject.LogAll, n(&shizuv1.RentalLogBatch{})},
 	}
 }()
 

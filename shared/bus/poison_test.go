@@ -21,6 +21,7 @@ import (
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
@@ -33,12 +34,14 @@ var garbage = []byte{0xff, 0xff, 0xff, 0x01}
 var poisonKinds = []struct {
 	name, reason string
 	msg          func(subj, want string) *nats.Msg
+	// tenantOnly: the kind exists on tenant subjects only.
+	tenantOnly bool
 }{
 	{"header-less bytes that do not decode", "decode", func(subj, _ string) *nats.Msg {
 		m := nats.NewMsg(subj)
 		m.Data = garbage
 		return m
-	}},
+	}, false},
 	{"a valid event of another type", "carries", func(subj, want string) *nats.Msg {
 		var ev proto.Message = rentalRequested("other-"+subj, "r-other")
 		if want == bus.EventName(&shizuv1.RentalRequested{}) {
@@ -50,13 +53,40 @@ var poisonKinds = []struct {
 		m.Data = data
 		m.Header.Set(bus.HeaderEvent, bus.EventName(ev))
 		return m
-	}},
+	}, false},
 	{"an unknown type", "carries", func(subj, _ string) *nats.Msg {
 		m := nats.NewMsg(subj)
 		m.Data = garbage
 		m.Header.Set(bus.HeaderEvent, "shizu.v9.FromTheFuture")
 		return m
-	}},
+	}, false},
+	{"a body naming another tenant than its subject", `"victim"`, func(subj, want string) *nats.Msg {
+		m := nats.NewMsg(subj)
+		m.Data = forgedBody(want, "victim")
+		m.Header.Set(bus.HeaderEvent, want)
+		return m
+	}, true},
+}
+
+// forgedBody is an event of type event whose only field is tenant_id.
+func forgedBody(event, tenant string) []byte {
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(event))
+	if err != nil {
+		panic(err)
+	}
+	ev := mt.New()
+	ev.Set(mt.Descriptor().Fields().ByName("tenant_id"), protoreflect.ValueOfString(tenant))
+	data, err := proto.Marshal(ev.Interface())
+	if err != nil {
+		panic(err)
+	}
+	return data
+}
+
+// hasTenant reports whether events of type event name a tenant.
+func hasTenant(event string) bool {
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(event))
+	return err == nil && mt.Descriptor().Fields().ByName("tenant_id") != nil
 }
 
 // concrete fills a subscribe-form pattern's wildcards with token.
@@ -99,19 +129,19 @@ func carriedBy(spec bus.Consumer) map[string]string {
 	return out
 }
 
-// overlap reports whether two subscribe forms (with '*' only) can match
+// overlap reports whether two subscribe forms ('*', or a trailing '>') can match
 // one subject.
 func overlap(a, b string) bool {
 	at, bt := strings.Split(a, "."), strings.Split(b, ".")
-	if len(at) != len(bt) {
-		return false
-	}
 	for i := range at {
-		if at[i] != bt[i] && at[i] != "*" && bt[i] != "*" {
+		if at[i] == ">" || i < len(bt) && bt[i] == ">" {
+			return i < len(bt)
+		}
+		if i >= len(bt) || at[i] != bt[i] && at[i] != "*" && bt[i] != "*" {
 			return false
 		}
 	}
-	return true
+	return len(at) == len(bt)
 }
 
 // recorder is a consumer's handlers: each decodes and validates its event
@@ -164,6 +194,9 @@ func TestEveryKindOfPoisonOnEveryConsumedSubjectIsDeadLettered(t *testing.T) {
 				for pattern, event := range carriedBy(spec) {
 					for k, kind := range poisonKinds {
 						subj := concrete(pattern, "poison"+strconv.Itoa(k))
+						if _, tenanted := subject.TenantOf(subj); kind.tenantOnly && (!tenanted || !hasTenant(event)) {
+							continue
+						}
 						if spec.Stream == topology.StreamAgentCmds {
 							subj = strings.Replace(subj, "agent.poison"+strconv.Itoa(k), "agent.n1", 1)
 						}

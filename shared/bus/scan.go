@@ -25,6 +25,9 @@ const (
 // name whose subject matches filter, up to the last one stored when the
 // scan began, and returns that last sequence. A rebuild after a Redis
 // loss reads its streams this way. An error from fn ends the scan with it.
+// A message whose body names another tenant than its subject
+// (TenantMismatch) is left out: every consumer dead-letters it, so no
+// state rebuilt from history may hold it.
 func ScanStream(ctx context.Context, js jetstream.JetStream, name, filter string, fn func(*jetstream.RawStreamMsg) error) (uint64, error) {
 	stream, err := js.Stream(ctx, name)
 	if err != nil {
@@ -40,7 +43,7 @@ func ScanStream(ctx context.Context, js jetstream.JetStream, name, filter string
 			return 0, fmt.Errorf("scan stream %s: %w", name, err)
 		}
 		for _, m := range msgs {
-			if !subject.Matches(filter, m.Subject) {
+			if !subject.Matches(filter, m.Subject) || forged(m) {
 				continue
 			}
 			if err := fn(m); err != nil {
@@ -77,4 +80,11 @@ func readWindow(ctx context.Context, stream jetstream.Stream, from, to uint64) (
 		}
 	}
 	return out, nil
+}
+
+// forged reports whether m is an event whose body names another tenant
+// than its subject.
+func forged(m *jetstream.RawStreamMsg) bool {
+	event, ok := EventOn(m.Subject)
+	return ok && TenantMismatch(m.Subject, event, m.Data) != nil
 }

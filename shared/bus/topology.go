@@ -37,6 +37,15 @@ type Stream struct {
 	Replicas int
 	// AllowMsgTTL enables per-message TTLs (KV heartbeats).
 	AllowMsgTTL bool
+	// MaxMsgsPerSubject bounds the messages kept per subject (the oldest
+	// go first); 0 is unlimited.
+	MaxMsgsPerSubject int64
+	// MaxMsgSize is the largest message the stream accepts, in bytes; 0
+	// is the server's limit.
+	MaxMsgSize int32
+	// AllowDirect lets readers get messages by subject without a
+	// consumer (direct get).
+	AllowDirect bool
 }
 
 // Validate reports every problem in s.
@@ -51,8 +60,8 @@ func (s Stream) Validate() error {
 	if s.Replicas < 0 || s.Replicas > 5 {
 		errs = append(errs, fmt.Errorf("stream %s: replicas: %d is out of range 1..5", s.Name, s.Replicas))
 	}
-	if s.MaxAge < 0 || s.Duplicates < 0 || s.MaxBytes < 0 {
-		errs = append(errs, fmt.Errorf("stream %s: max_age, duplicates and max_bytes must not be negative", s.Name))
+	if s.MaxAge < 0 || s.Duplicates < 0 || s.MaxBytes < 0 || s.MaxMsgsPerSubject < 0 || s.MaxMsgSize < 0 {
+		errs = append(errs, fmt.Errorf("stream %s: max_age, duplicates, max_bytes, max_msgs_per_subject and max_msg_size must not be negative", s.Name))
 	}
 	if s.MaxAge > 0 && s.Duplicates > s.MaxAge {
 		errs = append(errs, fmt.Errorf("stream %s: duplicates window %s exceeds max_age %s", s.Name, s.Duplicates, s.MaxAge))
@@ -71,6 +80,17 @@ func (s Stream) config() jetstream.StreamConfig {
 		Duplicates:  s.Duplicates,
 		Replicas:    max(s.Replicas, 1),
 		AllowMsgTTL: s.AllowMsgTTL,
+		AllowDirect: s.AllowDirect,
+		// Limits streams drop their oldest messages when full.
+		Discard:           jetstream.DiscardOld,
+		MaxMsgsPerSubject: s.MaxMsgsPerSubject,
+		MaxMsgSize:        s.MaxMsgSize,
+	}
+	if cfg.MaxMsgsPerSubject == 0 {
+		cfg.MaxMsgsPerSubject = -1
+	}
+	if cfg.MaxMsgSize == 0 {
+		cfg.MaxMsgSize = -1
 	}
 	if cfg.Duplicates == 0 {
 		cfg.Duplicates = 2 * time.Minute

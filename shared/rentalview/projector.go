@@ -24,7 +24,7 @@ import (
 // It pins one replica at a time (priority group Durable), so events of a
 // rental are applied in stream order; another takes over when the pinned
 // one stops pulling for pinnedTTL.
-const Durable = "rentalview"
+const Durable = topology.RentalViewDurable
 
 const (
 	fetchBatch  = 512

@@ -12,11 +12,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shizu-gpu/shizu/shared/fault"
+	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
 // Bucket is the KV bucket that holds one record per (tenant, rental),
 // under the key "<tenant>.<rental>" (each escaped, see escape).
-const Bucket = "RENTAL_VIEW"
+const Bucket = topology.RentalViewBucket
 
 // ErrNotFound is Get's answer for a rental the tenant does not have.
 var ErrNotFound = errors.New("rental not found")

@@ -97,6 +97,24 @@ const (
 	SpotPriceChanged      = "spot.%s.%s.price"
 )
 
+// Audit records of the tenant API: audit.<tenant>.<action>, one per
+// state-changing call the gateway answered (the tenant "operator" for an
+// operator key's calls).
+const (
+	AuditAll         = "audit.>"
+	AuditRecordedAll = "audit.*.*"
+	AuditRecorded    = "audit.%s.%s"
+)
+
+// Rental output logs: log.<tenant>.<rental>, the tenant the second token
+// as on every tenant subject, so a tenant's permission or filter
+// (log.<tenant>.>) stays valid. Each message is one batch of lines of one
+// run of the rental (shizuv1.RentalLogBatch).
+const (
+	LogAll = "log.*.*"
+	Log    = "log.%s.%s"
+)
+
 // Dead letters: dlq.<stream>.<consumer>. The server's advisory that a
 // consumer gave up on a message (max deliveries without an ack) is captured
 // too, so such a message reaches the dead letters even when the process

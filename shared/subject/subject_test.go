@@ -41,3 +41,34 @@ func TestMatchesFollowsNATSWildcards(t *testing.T) {
 		}
 	}
 }
+
+// Every tenant subject, publish and subscribe form, names the tenant as its
+// second token, so tenant permissions (rental.<tenant>.>) cover it.
+func TestTenantIsTheSecondTokenOfEveryTenantSubject(t *testing.T) {
+	t.Parallel()
+	forms := []string{
+		subject.RentalRequested, subject.RentalScheduled, subject.RentalPending, subject.RentalRejected,
+		subject.RentalStarted, subject.RentalStopped, subject.RentalPreempted, subject.RentalMigrating,
+		subject.RentalMigrated, subject.RentalCancelRequested, subject.UsageRecorded, subject.UsageBudgetCrossed,
+		subject.InvoiceClosed, subject.RentalOfTenant, subject.UsageOfTenant, subject.InvoiceOfTenant,
+	}
+	for _, form := range forms {
+		s, err := subject.Format(form, "acme")
+		if err != nil {
+			t.Fatalf("%s: %v", form, err)
+		}
+		if got, ok := subject.TenantOf(s); !ok || got != "acme" {
+			t.Errorf("TenantOf(%s) = %q, %v; want acme", s, got, ok)
+		}
+	}
+	for _, all := range []string{subject.RentalRequestedAll, subject.UsageRecordedAll, subject.InvoiceClosedAll} {
+		if tok, _ := subject.TenantOf(all); tok != "*" {
+			t.Errorf("subscribe form %s: tenant token %q, want *", all, tok)
+		}
+	}
+	for _, s := range []string{"node.acme.registered", "agent.n1.cmd.stop", "scale.fleet.shortage", "rental", "rental.", "spot.z.m.price"} {
+		if got, ok := subject.TenantOf(s); ok {
+			t.Errorf("TenantOf(%s) = %q; want no tenant", s, got)
+		}
+	}
+}

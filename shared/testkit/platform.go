@@ -96,12 +96,16 @@ func Platform(t testing.TB, opts ...PlatformOption) *Deployment {
 	return d
 }
 
-// Provision creates the streams, the quota bucket and, with
-// WithHeartbeats, the heartbeat bucket, as `shizu provision` does.
+// Provision creates the streams, the tenant API's buckets, the quota
+// bucket and, with WithHeartbeats, the heartbeat bucket, as `shizu
+// provision` does.
 func (d *Deployment) Provision(t testing.TB) {
 	t.Helper()
 	if err := d.Admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatalf("testkit: provision the streams: %v", err)
+	}
+	if err := d.Admin.EnsureBuckets(t.Context(), topology.Buckets(1)...); err != nil {
+		t.Fatalf("testkit: provision the buckets: %v", err)
 	}
 	if _, err := quota.Ensure(t.Context(), d.Admin.JetStream(), 1); err != nil {
 		t.Fatalf("testkit: provision the quota bucket: %v", err)

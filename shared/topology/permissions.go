@@ -64,13 +64,32 @@ func (s Service) Permissions() Permissions {
 			"$JS.API.CONSUMER.CREATE."+kvStream+".>", "$JS.API.CONSUMER.DELETE."+kvStream+".>",
 			"$JS.API.CONSUMER.INFO."+kvStream+".>", "$JS.FC."+kvStream+".>")
 	}
-	if s.WatchesQuotas {
-		q := "KV_" + QuotaBucket
-		pub = append(pub, "$JS.API.STREAM.INFO."+q, "$JS.API.DIRECT.GET."+q+".>", "$JS.API.CONSUMER.CREATE."+q,
-			"$JS.API.CONSUMER.CREATE."+q+".>", "$JS.API.CONSUMER.DELETE."+q+".>", "$JS.API.CONSUMER.INFO."+q+".>", "$JS.FC."+q+".>")
+	if s.ReadsLogs {
+		pub = append(pub, logReader()...)
+	}
+	for _, b := range s.Buckets {
+		pub = append(pub, b.permissions()...)
 	}
 	slices.Sort(pub)
 	return Permissions{Publish: slices.Compact(pub), Subscribe: []string{"_INBOX.>"}}
+}
+
+// logReader is what shared/rentallogs needs on LOGS: the stream's info,
+// direct gets (the last message of a subject, and the next one from a
+// sequence), and ephemeral ordered consumers (create with a filter, pull,
+// info, delete). None of it can change or purge the stream.
+func logReader() []string {
+	return []string{
+		"$JS.API.STREAM.INFO." + StreamLogs,
+		"$JS.API.DIRECT.GET." + StreamLogs,
+		"$JS.API.DIRECT.GET." + StreamLogs + ".>",
+		// With its one filter in the subject (as nats.go sends it), so a
+		// later per-tenant reader can be narrowed to log.<tenant>.*.
+		"$JS.API.CONSUMER.CREATE." + StreamLogs + ".*." + subject.LogAll,
+		"$JS.API.CONSUMER.INFO." + StreamLogs + ".*",
+		"$JS.API.CONSUMER.MSG.NEXT." + StreamLogs + ".*",
+		"$JS.API.CONSUMER.DELETE." + StreamLogs + ".*",
+	}
 }
 
 // AdminPermissions allow everything.
@@ -151,4 +170,18 @@ func writeList(b *strings.Builder, key string, subjects []string) {
 		fmt.Fprintf(b, "%q", s)
 	}
 	b.WriteString("] }\n")
+}
+
+// permissions are the API subjects of a bucket's use: reading keys (direct
+// get) and watching or listing them (an ordered consumer) for every user,
+// and for its writer creating the bucket and putting and deleting keys.
+func (b BucketAccess) permissions() []string {
+	st := "KV_" + b.Bucket
+	out := []string{"$JS.API.STREAM.INFO." + st, "$JS.API.CONSUMER.CREATE." + st, "$JS.API.DIRECT.GET." + st + ".>", "$JS.API.STREAM.MSG.GET." + st,
+		"$JS.API.CONSUMER.CREATE." + st + ".>", "$JS.API.CONSUMER.DELETE." + st + ".>",
+		"$JS.API.CONSUMER.INFO." + st + ".>", "$JS.FC." + st + ".>"}
+	if b.Writes {
+		out = append(out, "$KV."+b.Bucket+".>", "$JS.API.STREAM.CREATE."+st, "$JS.API.STREAM.UPDATE."+st)
+	}
+	return out
 }

@@ -24,20 +24,53 @@ const (
 	StreamBilling    = "BILLING"
 	StreamMarket     = "MARKET"
 	StreamDeadLetter = "DEADLETTER"
+	// StreamAudit keeps the gateway's record of every state-changing call.
+	StreamAudit = "AUDIT"
+	StreamLogs  = "LOGS"
 	// StreamAdvisories captures the server's max-deliveries advisories.
 	StreamAdvisories = bus.AdvisoryStream
 	// HeartbeatBucket is the KV bucket of node heartbeats (stream KV_HEARTBEATS).
 	HeartbeatBucket = "HEARTBEATS"
+	// IdentityBucket holds the tenants and the API keys (hashes only) of
+	// the tenant API: the system of record of who may call it.
+	IdentityBucket = "IDENTITY"
+	// IdempotencyBucket holds the first answer to each POST that carried an
+	// Idempotency-Key, for IdempotencyTTL.
+	IdempotencyBucket = "IDEMPOTENCY"
+	// RentalViewBucket is the rental read model (shared/rentalview).
+	RentalViewBucket = "RENTAL_VIEW"
+	// BudgetsBucket is the KV bucket of budgets exhausted under a policy
+	// that stops (stream KV_BUDGETS): metering creates and writes it, the
+	// scheduler watches it.
+	BudgetsBucket = "BUDGETS"
 	// QuotaBucket is the KV bucket of per-tenant quotas (stream
 	// KV_QUOTAS; shared/quota), written by operators, watched by the
 	// scheduler.
 	QuotaBucket = "QUOTAS"
 )
 
+// IdempotencyTTL is how long a POST's first answer is replayed.
+const IdempotencyTTL = 24 * time.Hour
+
 // DuplicateWindow is how long a stream remembers event ids. Producers that
 // retry for longer must re-derive the same id and rely on consumer
 // idempotency as well.
 const DuplicateWindow = 10 * time.Minute
+
+// Bounds of the LOGS stream (rental output): each rental keeps at most
+// LogBatchesPerRental batches of at most LogMaxBatchBytes, the stream at
+// most LogsMaxBytes, and nothing older than LogsMaxAge; the oldest go
+// first. The node agent cuts a line at LogMaxLineBytes and a batch below
+// LogMaxBatchBytes (services/node-agent/logship).
+const (
+	LogsMaxAge          = 7 * 24 * time.Hour
+	LogsMaxBytes        = 1 << 30
+	LogBatchesPerRental = 2000
+	LogMaxBatchBytes    = 64 << 10
+	LogMaxLineBytes     = 16 << 10
+	// logsMaxMsgBytes leaves room for the batch's envelope and headers.
+	logsMaxMsgBytes = LogMaxBatchBytes + 8<<10
+)
 
 // Streams returns every stream with the given replica count (1 on a single
 // server, 3 on a cluster). Records of what happened (rentals, billing,
@@ -66,8 +99,24 @@ func Streams(replicas int) []bus.Stream {
 			Subjects: []string{subject.SpotPriceChangedAll}, Duplicates: DuplicateWindow, Replicas: replicas},
 		{Name: StreamDeadLetter, Description: "messages a consumer could not process, with the reason in headers",
 			Subjects: []string{subject.DeadLetterAll}, Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamAudit, Description: "the tenant API's audit log: who changed what, when, from where; never expires",
+			Subjects: []string{subject.AuditAll}, Duplicates: DuplicateWindow, Replicas: replicas},
+		{Name: StreamLogs, Description: "rental output logs: bounded per rental and in all, aged out after 7 days",
+			Subjects: []string{subject.LogAll}, MaxAge: LogsMaxAge, MaxBytes: LogsMaxBytes,
+			MaxMsgsPerSubject: LogBatchesPerRental, MaxMsgSize: logsMaxMsgBytes, AllowDirect: true,
+			Duplicates: 2 * time.Minute, Replicas: replicas},
 		{Name: StreamAdvisories, Description: "the server's notices that a consumer gave up on a message; forwarded to DEADLETTER",
 			Subjects: []string{subject.MaxDeliveriesAdvisoryAll}, MaxAge: 7 * day, Replicas: replicas},
+	}
+}
+
+// Buckets returns the key-value buckets of the tenant API (the heartbeat
+// bucket is Heartbeats; the rental read model's bucket is created by
+// shared/rentalview).
+func Buckets(replicas int) []bus.Bucket {
+	return []bus.Bucket{
+		{Name: IdentityBucket, Description: "tenants and API keys (sha256 hashes only)", History: 5, Replicas: replicas},
+		{Name: IdempotencyBucket, Description: "first answers to POSTs with an Idempotency-Key", TTL: IdempotencyTTL, Replicas: replicas},
 	}
 }
 
@@ -95,11 +144,22 @@ type Service struct {
 	// Consumers are the durables it pulls from.
 	Consumers []bus.Consumer
 	// ConsumerPrefixes are durable name prefixes it may create per instance
-	// (e.g. one agent-<node> durable per node) on a stream.
+	// (e.g. one agent-<node> durable per node) on a stream, or durables it
+	// declares itself.
 	ConsumerPrefixes []StreamConsumer
 	Heartbeats       HeartbeatAccess
-	// WatchesQuotas: it may read and watch the quota bucket.
-	WatchesQuotas bool
+	// ReadsLogs lets the service read rentals' output from LOGS as
+	// shared/rentallogs does (direct gets, ordered consumers it deletes).
+	ReadsLogs bool
+	// Buckets are the KV buckets (other than the heartbeats) it uses.
+	Buckets []BucketAccess
+}
+
+// BucketAccess is a service's use of a KV bucket: Writes creates it and
+// reads and writes keys; otherwise it reads and watches them.
+type BucketAccess struct {
+	Bucket string
+	Writes bool
 }
 
 // StreamConsumer names a stream and a durable (or a wildcard '*' durable).
@@ -112,6 +172,8 @@ const (
 	Autoscaler = "autoscaler"
 	Failover   = "failover"
 	NodeAgent  = "node-agent"
+	// Gateway is the tenant API (services/gateway).
+	Gateway = "gateway"
 	// Admin provisions streams and acts for tenants and operators in the
 	// CLI; it may do anything.
 	Admin = "admin"
@@ -142,8 +204,12 @@ func Services() []Service {
 	return []Service{
 		{
 			Name: Scheduler,
+			// A budget exhausted under stop-running cancels its tenant's
+			// running rentals as the tenant would (rental.*.cancel_requested).
 			Publishes: []string{subject.RentalScheduledAll, subject.RentalPendingAll, subject.RentalRejectedAll,
-				subject.RentalPreemptedAll, subject.CapacityShortage, subject.AgentCmdAll},
+				subject.RentalPreemptedAll, subject.CapacityShortage, subject.AgentCmdAll, subject.RentalCancelRequestedAll},
+			// Each reservation carries the tenant's quota (QuotaBucket).
+			Buckets: []BucketAccess{{Bucket: BudgetsBucket}, {Bucket: QuotaBucket}},
 			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: "scheduler", MaxAckPending: 8192,
 				FilterSubjects: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll,
 					subject.RentalStoppedAll, subject.RentalMigratingAll}},
@@ -152,12 +218,11 @@ func Services() []Service {
 				// A spot price rise above a running rental's maximum
 				// interrupts it; the price also gates placement.
 				{Stream: StreamMarket, Durable: "scheduler-spot", FilterSubjects: []string{subject.SpotPriceChangedAll}}},
-			// Each reservation carries the tenant's quota.
-			WatchesQuotas: true,
 		},
 		{
 			Name:      Metering,
 			Publishes: []string{subject.UsageRecordedAll, subject.UsageBudgetCrossedAll, subject.InvoiceClosedAll},
+			Buckets:   []BucketAccess{{Bucket: BudgetsBucket, Writes: true}},
 			Consumers: []bus.Consumer{
 				// RentalScheduled carries the spec, model and zone a rental is
 				// priced by; started/stopped carry the billing times.
@@ -204,14 +269,35 @@ func Services() []Service {
 		{
 			Name: NodeAgent,
 			Publishes: []string{subject.NodeRegisteredAll, subject.NodeTelemetryAll, subject.NodeHealthAll,
-				subject.NodeInterruptionAll, subject.NodeDrainedAll, subject.RentalStartedAll, subject.RentalStoppedAll},
+				subject.NodeInterruptionAll, subject.NodeDrainedAll, subject.RentalStartedAll, subject.RentalStoppedAll,
+				// Its rentals' output. Any rental for now, as with started
+				// and stopped; the trust plane later narrows it to the node.
+				subject.LogAll},
 			// One agent-<node> durable per node (and its forwarder of
 			// exhausted deliveries, which Permissions derives).
 			ConsumerPrefixes: []StreamConsumer{{Stream: StreamAgentCmds, Durable: "*"}},
 			Heartbeats:       WritesHeartbeats,
 		},
+		{
+			Name: Gateway,
+			// It publishes for the tenant its API key names, and records
+			// every state-changing call.
+			Publishes: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll, subject.AuditRecordedAll},
+			// Every replica runs the rental read model's projector on one
+			// shared durable, which shared/rentalview declares itself (a
+			// pinned priority group; it skips what it cannot fold rather
+			// than dead-lettering it, so it is no bus.Consumer: what walks
+			// every service's Consumers, such as the fault harness's wait
+			// for every durable, must not wait for a gateway it does not run).
+			ConsumerPrefixes: []StreamConsumer{{Stream: StreamRentals, Durable: RentalViewDurable}},
+			Buckets:          []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true}, {Bucket: RentalViewBucket, Writes: true}},
+		},
 	}
 }
+
+// RentalViewDurable is the rental read model projector's durable on
+// RENTALS (shared/rentalview.Durable).
+const RentalViewDurable = "rentalview"
 
 // ServiceNamed returns the declared service called name.
 func ServiceNamed(name string) (Service, bool) {

@@ -49,6 +49,8 @@ func TestEverySubjectHasExactlyOneStream(t *testing.T) {
 		"rental.t.requested", "rental.t.cancel_requested", "node.n.registered", "node.n.telemetry",
 		"node.n.health", "node.n.lost", "agent.n.cmd.start", "traffic.p.sample", "scale.p.decided",
 		"scale.fleet.shortage", "usage.t.recorded", "invoice.t.closed", "spot.z.m.price", "dlq.RENTALS.scheduler",
+		"audit.t.rental_create",
+		"log.t.r-1",
 	}
 	for _, s := range samples {
 		if got := owner(s); len(got) != 1 {
@@ -110,6 +112,79 @@ func TestServicePermissionsAreLeastPrivilege(t *testing.T) {
 	}
 }
 
+func TestTheNodeAgentMayPublishRentalLogsAndNothingElseInTheLogStream(t *testing.T) {
+	t.Parallel()
+	agent, _ := topology.ServiceNamed(topology.NodeAgent)
+	allowed := func(subj string) bool {
+		for _, pat := range agent.Permissions().Publish {
+			if subject.Matches(pat, subj) {
+				return true
+			}
+		}
+		return false
+	}
+	if !allowed("log.acme.r-1") {
+		t.Error("node-agent may not publish log.acme.r-1")
+	}
+	for _, subj := range []string{"log.acme", "log.acme.r-1.more", "$JS.API.STREAM.PURGE.LOGS", "$JS.API.STREAM.DELETE.LOGS"} {
+		if allowed(subj) {
+			t.Errorf("node-agent may publish %s; it should not", subj)
+		}
+	}
+	for _, svc := range topology.Services() {
+		if svc.Name == topology.NodeAgent {
+			continue
+		}
+		for _, pat := range svc.Permissions().Publish {
+			if subject.Matches(pat, "log.acme.r-1") {
+				t.Errorf("%s may publish rental logs (%s)", svc.Name, pat)
+			}
+		}
+	}
+}
+
+func TestALogReaderMayReadButNeitherWriteNorPurgeLogs(t *testing.T) {
+	t.Parallel()
+	p := topology.Service{Name: "reader", ReadsLogs: true}.Permissions()
+	allowed := func(subj string) bool {
+		for _, pat := range p.Publish {
+			if subject.Matches(pat, subj) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, subj := range []string{"$JS.API.STREAM.INFO.LOGS", "$JS.API.DIRECT.GET.LOGS", "$JS.API.DIRECT.GET.LOGS.log.acme.r-1",
+		"$JS.API.CONSUMER.CREATE.LOGS.oc_1.log.acme.r-1", "$JS.API.CONSUMER.MSG.NEXT.LOGS.oc_1", "$JS.API.CONSUMER.DELETE.LOGS.oc_1"} {
+		if !allowed(subj) {
+			t.Errorf("a log reader may not publish %s", subj)
+		}
+	}
+	for _, subj := range []string{"log.acme.r-1", "$JS.API.STREAM.PURGE.LOGS", "$JS.API.STREAM.MSG.DELETE.LOGS",
+		"$JS.API.STREAM.UPDATE.LOGS", "$JS.API.CONSUMER.CREATE.LOGS.oc_1", "$JS.API.CONSUMER.CREATE.RENTALS.oc_1.rental.acme.started"} {
+		if allowed(subj) {
+			t.Errorf("a log reader may publish %s; it should not", subj)
+		}
+	}
+}
+
+func TestTheLogStreamIsBoundedPerRentalAndInAll(t *testing.T) {
+	t.Parallel()
+	for _, s := range topology.Streams(1) {
+		if s.Name != topology.StreamLogs {
+			continue
+		}
+		if s.MaxMsgsPerSubject <= 0 || s.MaxBytes <= 0 || s.MaxAge <= 0 || s.MaxMsgSize < topology.LogMaxBatchBytes {
+			t.Fatalf("LOGS is not bounded: %+v", s)
+		}
+		if !s.AllowDirect {
+			t.Fatal("LOGS does not allow direct gets (rentallogs.Tail reads by subject)")
+		}
+		return
+	}
+	t.Fatal("no LOGS stream")
+}
+
 func TestPerInstanceDurablesMayRunTheirExhaustedForwarder(t *testing.T) {
 	t.Parallel()
 	agent, _ := topology.ServiceNamed(topology.NodeAgent)
@@ -125,4 +200,40 @@ func TestPerInstanceDurablesMayRunTheirExhaustedForwarder(t *testing.T) {
 		}
 	}
 	t.Fatalf("node-agent may not pull %s", want)
+}
+
+func TestTheGatewayMayPublishForTenantsAndUseItsBucketsOnly(t *testing.T) {
+	t.Parallel()
+	gw, ok := topology.ServiceNamed(topology.Gateway)
+	if !ok {
+		t.Fatal("no gateway")
+	}
+	p := gw.Permissions()
+	allowed := func(subj string) bool {
+		for _, pat := range p.Publish {
+			if subject.Matches(pat, subj) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, subj := range []string{"rental.acme.requested", "rental.acme.cancel_requested", "audit.acme.rental_create",
+		"$KV.IDENTITY.key.k1", "$KV.IDEMPOTENCY.x.y", "$KV.RENTAL_VIEW.acme.r-1", "$JS.API.STREAM.CREATE.KV_IDENTITY",
+		"$JS.API.CONSUMER.MSG.NEXT.RENTALS.rentalview", "$JS.API.DIRECT.GET.KV_RENTAL_VIEW.$KV.RENTAL_VIEW.acme.r-1"} {
+		if !allowed(subj) {
+			t.Errorf("gateway may not publish %s", subj)
+		}
+	}
+	for _, subj := range []string{"rental.acme.scheduled", "rental.acme.stopped", "agent.n1.cmd.start", "usage.acme.recorded",
+		"$KV.HEARTBEATS.node.n1", "$JS.API.STREAM.CREATE.RENTALS", "$JS.API.STREAM.PURGE.KV_IDENTITY",
+		"$JS.API.CONSUMER.MSG.NEXT.RENTALS.scheduler"} {
+		if allowed(subj) {
+			t.Errorf("gateway may publish %s; it should not", subj)
+		}
+	}
+	for _, b := range topology.Buckets(1) {
+		if err := b.Validate(); err != nil {
+			t.Errorf("bucket %s: %v", b.Name, err)
+		}
+	}
 }

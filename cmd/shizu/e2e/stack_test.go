@@ -93,6 +93,9 @@ type stackConfig struct {
 	// the RentalMigrating would bill part of the dead interval (metering's
 	// documented limit).
 	MeterInterval, CloseGrace time.Duration
+	// Accounts is the accounts file (commitments and budgets) metering and
+	// the scheduler read; empty means none.
+	Accounts string
 }
 
 func newStack(t testing.TB, cfg stackConfig) *stack {
@@ -151,6 +154,7 @@ func newStack(t testing.TB, cfg stackConfig) *stack {
 	meter := metering.DefaultConfig()
 	meter.Service = base(topology.Metering)
 	meter.Rules.Interval, meter.CloseGrace, meter.Tick = cfg.MeterInterval, cfg.CloseGrace, 100*time.Millisecond
+	meter.AccountsPath, sched.AccountsPath = cfg.Accounts, cfg.Accounts
 	if err := meter.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ package shizuv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -24,6 +25,67 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// BudgetPolicy says what happens when a tenant's spend reaches its
+// budget's amount (100 %).
+type BudgetPolicy int32
+
+const (
+	// Not set: ALERT.
+	BudgetPolicy_BUDGET_POLICY_UNSPECIFIED BudgetPolicy = 0
+	// Only the crossing is published.
+	BudgetPolicy_BUDGET_POLICY_ALERT BudgetPolicy = 1
+	// New rentals of the tenant are rejected (REJECT_REASON_NOT_PERMITTED)
+	// for the rest of the month; running ones go on.
+	BudgetPolicy_BUDGET_POLICY_REJECT_NEW BudgetPolicy = 2
+	// As REJECT_NEW, and every running rental gets a notice
+	// (RentalPreempted, PREEMPT_REASON_BUDGET_EXHAUSTED) and is stopped
+	// once the grace passed.
+	BudgetPolicy_BUDGET_POLICY_STOP_RUNNING BudgetPolicy = 3
+)
+
+// Enum value maps for BudgetPolicy.
+var (
+	BudgetPolicy_name = map[int32]string{
+		0: "BUDGET_POLICY_UNSPECIFIED",
+		1: "BUDGET_POLICY_ALERT",
+		2: "BUDGET_POLICY_REJECT_NEW",
+		3: "BUDGET_POLICY_STOP_RUNNING",
+	}
+	BudgetPolicy_value = map[string]int32{
+		"BUDGET_POLICY_UNSPECIFIED":  0,
+		"BUDGET_POLICY_ALERT":        1,
+		"BUDGET_POLICY_REJECT_NEW":   2,
+		"BUDGET_POLICY_STOP_RUNNING": 3,
+	}
+)
+
+func (x BudgetPolicy) Enum() *BudgetPolicy {
+	p := new(BudgetPolicy)
+	*p = x
+	return p
+}
+
+func (x BudgetPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BudgetPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_shizu_v1_billing_proto_enumTypes[0].Descriptor()
+}
+
+func (BudgetPolicy) Type() protoreflect.EnumType {
+	return &file_shizu_v1_billing_proto_enumTypes[0]
+}
+
+func (x BudgetPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BudgetPolicy.Descriptor instead.
+func (BudgetPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_shizu_v1_billing_proto_rawDescGZIP(), []int{0}
+}
 
 // UsageRecorded: one ledger entry, a rental's use over one interval at one
 // price. Deterministic from its inputs, so replaying the rental's events
@@ -396,7 +458,18 @@ type BudgetThresholdCrossed struct {
 	BudgetAmount *Money `protobuf:"bytes,8,opt,name=budget_amount,json=budgetAmount,proto3" json:"budget_amount,omitempty"`
 	// Spend in the period when the crossing was seen: at least threshold, in
 	// its currency.
-	Spent         *Money `protobuf:"bytes,9,opt,name=spent,proto3" json:"spent,omitempty"`
+	Spent *Money `protobuf:"bytes,9,opt,name=spent,proto3" json:"spent,omitempty"`
+	// What the platform does once the spend reaches the budget's amount (100
+	// %); UNSPECIFIED from publishers that predate policies, which means
+	// ALERT.
+	Policy BudgetPolicy `protobuf:"varint,10,opt,name=policy,proto3,enum=shizu.v1.BudgetPolicy" json:"policy,omitempty"`
+	// Under BUDGET_POLICY_STOP_RUNNING: how long running rentals keep
+	// running after their notice; unset otherwise.
+	Grace *durationpb.Duration `protobuf:"bytes,11,opt,name=grace,proto3" json:"grace,omitempty"`
+	// The budget is exhausted: this threshold is its amount (100 %) and the
+	// policy is REJECT_NEW or STOP_RUNNING, so the hard stop is in force for
+	// the rest of the period.
+	Exhausted     bool `protobuf:"varint,12,opt,name=exhausted,proto3" json:"exhausted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -494,11 +567,32 @@ func (x *BudgetThresholdCrossed) GetSpent() *Money {
 	return nil
 }
 
+func (x *BudgetThresholdCrossed) GetPolicy() BudgetPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return BudgetPolicy_BUDGET_POLICY_UNSPECIFIED
+}
+
+func (x *BudgetThresholdCrossed) GetGrace() *durationpb.Duration {
+	if x != nil {
+		return x.Grace
+	}
+	return nil
+}
+
+func (x *BudgetThresholdCrossed) GetExhausted() bool {
+	if x != nil {
+		return x.Exhausted
+	}
+	return false
+}
+
 var File_shizu_v1_billing_proto protoreflect.FileDescriptor
 
 const file_shizu_v1_billing_proto_rawDesc = "" +
 	"\n" +
-	"\x16shizu/v1/billing.proto\x12\bshizu.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15shizu/v1/common.proto\"\x83\x05\n" +
+	"\x16shizu/v1/billing.proto\x12\bshizu.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15shizu/v1/common.proto\"\x83\x05\n" +
 	"\rUsageRecorded\x12'\n" +
 	"\x04meta\x18\x01 \x01(\v2\x13.shizu.v1.EventMetaR\x04meta\x12\x1b\n" +
 	"\trental_id\x18\x02 \x01(\tR\brentalId\x12\x1b\n" +
@@ -533,7 +627,7 @@ const file_shizu_v1_billing_proto_rawDesc = "" +
 	"period_end\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tperiodEnd\x128\n" +
 	"\n" +
 	"line_items\x18\x06 \x03(\v2\x19.shizu.v1.InvoiceLineItemR\tlineItems\x12%\n" +
-	"\x05total\x18\a \x01(\v2\x0f.shizu.v1.MoneyR\x05total\"\xae\x03\n" +
+	"\x05total\x18\a \x01(\v2\x0f.shizu.v1.MoneyR\x05total\"\xad\x04\n" +
 	"\x16BudgetThresholdCrossed\x12'\n" +
 	"\x04meta\x18\x01 \x01(\v2\x13.shizu.v1.EventMetaR\x04meta\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1b\n" +
@@ -544,7 +638,16 @@ const file_shizu_v1_billing_proto_rawDesc = "" +
 	"\tthreshold\x18\x06 \x01(\v2\x0f.shizu.v1.MoneyR\tthreshold\x12+\n" +
 	"\x11threshold_percent\x18\a \x01(\x05R\x10thresholdPercent\x124\n" +
 	"\rbudget_amount\x18\b \x01(\v2\x0f.shizu.v1.MoneyR\fbudgetAmount\x12%\n" +
-	"\x05spent\x18\t \x01(\v2\x0f.shizu.v1.MoneyR\x05spentB3Z1github.com/shizu-gpu/shizu/proto/shizu/v1;shizuv1b\x06proto3"
+	"\x05spent\x18\t \x01(\v2\x0f.shizu.v1.MoneyR\x05spent\x12.\n" +
+	"\x06policy\x18\n" +
+	" \x01(\x0e2\x16.shizu.v1.BudgetPolicyR\x06policy\x12/\n" +
+	"\x05grace\x18\v \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12\x1c\n" +
+	"\texhausted\x18\f \x01(\bR\texhausted*\x84\x01\n" +
+	"\fBudgetPolicy\x12\x1d\n" +
+	"\x19BUDGET_POLICY_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13BUDGET_POLICY_ALERT\x10\x01\x12\x1c\n" +
+	"\x18BUDGET_POLICY_REJECT_NEW\x10\x02\x12\x1e\n" +
+	"\x1aBUDGET_POLICY_STOP_RUNNING\x10\x03B3Z1github.com/shizu-gpu/shizu/proto/shizu/v1;shizuv1b\x06proto3"
 
 var (
 	file_shizu_v1_billing_proto_rawDescOnce sync.Once
@@ -558,44 +661,49 @@ func file_shizu_v1_billing_proto_rawDescGZIP() []byte {
 	return file_shizu_v1_billing_proto_rawDescData
 }
 
+var file_shizu_v1_billing_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_shizu_v1_billing_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_shizu_v1_billing_proto_goTypes = []any{
-	(*UsageRecorded)(nil),          // 0: shizu.v1.UsageRecorded
-	(*InvoiceLineItem)(nil),        // 1: shizu.v1.InvoiceLineItem
-	(*InvoiceClosed)(nil),          // 2: shizu.v1.InvoiceClosed
-	(*BudgetThresholdCrossed)(nil), // 3: shizu.v1.BudgetThresholdCrossed
-	nil,                            // 4: shizu.v1.UsageRecorded.LabelsEntry
-	(*EventMeta)(nil),              // 5: shizu.v1.EventMeta
-	(Plan)(0),                      // 6: shizu.v1.Plan
-	(*timestamppb.Timestamp)(nil),  // 7: google.protobuf.Timestamp
-	(*Money)(nil),                  // 8: shizu.v1.Money
+	(BudgetPolicy)(0),              // 0: shizu.v1.BudgetPolicy
+	(*UsageRecorded)(nil),          // 1: shizu.v1.UsageRecorded
+	(*InvoiceLineItem)(nil),        // 2: shizu.v1.InvoiceLineItem
+	(*InvoiceClosed)(nil),          // 3: shizu.v1.InvoiceClosed
+	(*BudgetThresholdCrossed)(nil), // 4: shizu.v1.BudgetThresholdCrossed
+	nil,                            // 5: shizu.v1.UsageRecorded.LabelsEntry
+	(*EventMeta)(nil),              // 6: shizu.v1.EventMeta
+	(Plan)(0),                      // 7: shizu.v1.Plan
+	(*timestamppb.Timestamp)(nil),  // 8: google.protobuf.Timestamp
+	(*Money)(nil),                  // 9: shizu.v1.Money
+	(*durationpb.Duration)(nil),    // 10: google.protobuf.Duration
 }
 var file_shizu_v1_billing_proto_depIdxs = []int32{
-	5,  // 0: shizu.v1.UsageRecorded.meta:type_name -> shizu.v1.EventMeta
-	6,  // 1: shizu.v1.UsageRecorded.plan:type_name -> shizu.v1.Plan
-	7,  // 2: shizu.v1.UsageRecorded.interval_start:type_name -> google.protobuf.Timestamp
-	7,  // 3: shizu.v1.UsageRecorded.interval_end:type_name -> google.protobuf.Timestamp
-	8,  // 4: shizu.v1.UsageRecorded.unit_price_per_gpu_hour:type_name -> shizu.v1.Money
-	8,  // 5: shizu.v1.UsageRecorded.amount:type_name -> shizu.v1.Money
-	4,  // 6: shizu.v1.UsageRecorded.labels:type_name -> shizu.v1.UsageRecorded.LabelsEntry
-	6,  // 7: shizu.v1.InvoiceLineItem.plan:type_name -> shizu.v1.Plan
-	8,  // 8: shizu.v1.InvoiceLineItem.amount:type_name -> shizu.v1.Money
-	5,  // 9: shizu.v1.InvoiceClosed.meta:type_name -> shizu.v1.EventMeta
-	7,  // 10: shizu.v1.InvoiceClosed.period_start:type_name -> google.protobuf.Timestamp
-	7,  // 11: shizu.v1.InvoiceClosed.period_end:type_name -> google.protobuf.Timestamp
-	1,  // 12: shizu.v1.InvoiceClosed.line_items:type_name -> shizu.v1.InvoiceLineItem
-	8,  // 13: shizu.v1.InvoiceClosed.total:type_name -> shizu.v1.Money
-	5,  // 14: shizu.v1.BudgetThresholdCrossed.meta:type_name -> shizu.v1.EventMeta
-	7,  // 15: shizu.v1.BudgetThresholdCrossed.period_start:type_name -> google.protobuf.Timestamp
-	7,  // 16: shizu.v1.BudgetThresholdCrossed.period_end:type_name -> google.protobuf.Timestamp
-	8,  // 17: shizu.v1.BudgetThresholdCrossed.threshold:type_name -> shizu.v1.Money
-	8,  // 18: shizu.v1.BudgetThresholdCrossed.budget_amount:type_name -> shizu.v1.Money
-	8,  // 19: shizu.v1.BudgetThresholdCrossed.spent:type_name -> shizu.v1.Money
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	6,  // 0: shizu.v1.UsageRecorded.meta:type_name -> shizu.v1.EventMeta
+	7,  // 1: shizu.v1.UsageRecorded.plan:type_name -> shizu.v1.Plan
+	8,  // 2: shizu.v1.UsageRecorded.interval_start:type_name -> google.protobuf.Timestamp
+	8,  // 3: shizu.v1.UsageRecorded.interval_end:type_name -> google.protobuf.Timestamp
+	9,  // 4: shizu.v1.UsageRecorded.unit_price_per_gpu_hour:type_name -> shizu.v1.Money
+	9,  // 5: shizu.v1.UsageRecorded.amount:type_name -> shizu.v1.Money
+	5,  // 6: shizu.v1.UsageRecorded.labels:type_name -> shizu.v1.UsageRecorded.LabelsEntry
+	7,  // 7: shizu.v1.InvoiceLineItem.plan:type_name -> shizu.v1.Plan
+	9,  // 8: shizu.v1.InvoiceLineItem.amount:type_name -> shizu.v1.Money
+	6,  // 9: shizu.v1.InvoiceClosed.meta:type_name -> shizu.v1.EventMeta
+	8,  // 10: shizu.v1.InvoiceClosed.period_start:type_name -> google.protobuf.Timestamp
+	8,  // 11: shizu.v1.InvoiceClosed.period_end:type_name -> google.protobuf.Timestamp
+	2,  // 12: shizu.v1.InvoiceClosed.line_items:type_name -> shizu.v1.InvoiceLineItem
+	9,  // 13: shizu.v1.InvoiceClosed.total:type_name -> shizu.v1.Money
+	6,  // 14: shizu.v1.BudgetThresholdCrossed.meta:type_name -> shizu.v1.EventMeta
+	8,  // 15: shizu.v1.BudgetThresholdCrossed.period_start:type_name -> google.protobuf.Timestamp
+	8,  // 16: shizu.v1.BudgetThresholdCrossed.period_end:type_name -> google.protobuf.Timestamp
+	9,  // 17: shizu.v1.BudgetThresholdCrossed.threshold:type_name -> shizu.v1.Money
+	9,  // 18: shizu.v1.BudgetThresholdCrossed.budget_amount:type_name -> shizu.v1.Money
+	9,  // 19: shizu.v1.BudgetThresholdCrossed.spent:type_name -> shizu.v1.Money
+	0,  // 20: shizu.v1.BudgetThresholdCrossed.policy:type_name -> shizu.v1.BudgetPolicy
+	10, // 21: shizu.v1.BudgetThresholdCrossed.grace:type_name -> google.protobuf.Duration
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_shizu_v1_billing_proto_init() }
@@ -609,13 +717,14 @@ func file_shizu_v1_billing_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shizu_v1_billing_proto_rawDesc), len(file_shizu_v1_billing_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_shizu_v1_billing_proto_goTypes,
 		DependencyIndexes: file_shizu_v1_billing_proto_depIdxs,
+		EnumInfos:         file_shizu_v1_billing_proto_enumTypes,
 		MessageInfos:      file_shizu_v1_billing_proto_msgTypes,
 	}.Build()
 	File_shizu_v1_billing_proto = out.File

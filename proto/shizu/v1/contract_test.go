@@ -28,6 +28,7 @@ func files() []protoreflect.FileDescriptor {
 		File_shizu_v1_billing_proto,
 		File_shizu_v1_market_proto,
 		File_shizu_v1_command_proto,
+		File_shizu_v1_logs_proto,
 	}
 }
 
@@ -37,6 +38,7 @@ var parts = []string{
 	"RentalSpec", "GpuAssignment",
 	"Gpu", "NVLinkDomain", "GpuTelemetry",
 	"InvoiceLineItem",
+	"LogLine",
 }
 
 // fullSpec sets every field of RentalSpec.

@@ -249,6 +249,10 @@ const (
 	PreemptReason_PREEMPT_REASON_SPOT_INTERRUPTION PreemptReason = 3
 	// The node is being drained or released.
 	PreemptReason_PREEMPT_REASON_NODE_DRAIN PreemptReason = 4
+	// The tenant's spend reached its budget, whose policy stops running
+	// rentals (BUDGET_POLICY_STOP_RUNNING); the rental is stopped as the
+	// tenant's own stop would be once the notice passed.
+	PreemptReason_PREEMPT_REASON_BUDGET_EXHAUSTED PreemptReason = 5
 )
 
 // Enum value maps for PreemptReason.
@@ -259,6 +263,7 @@ var (
 		2: "PREEMPT_REASON_SPOT_PRICE_ABOVE_MAX",
 		3: "PREEMPT_REASON_SPOT_INTERRUPTION",
 		4: "PREEMPT_REASON_NODE_DRAIN",
+		5: "PREEMPT_REASON_BUDGET_EXHAUSTED",
 	}
 	PreemptReason_value = map[string]int32{
 		"PREEMPT_REASON_UNSPECIFIED":          0,
@@ -266,6 +271,7 @@ var (
 		"PREEMPT_REASON_SPOT_PRICE_ABOVE_MAX": 2,
 		"PREEMPT_REASON_SPOT_INTERRUPTION":    3,
 		"PREEMPT_REASON_NODE_DRAIN":           4,
+		"PREEMPT_REASON_BUDGET_EXHAUSTED":     5,
 	}
 )
 
@@ -1969,13 +1975,14 @@ const file_shizu_v1_rental_proto_rawDesc = "" +
 	"\x15EXIT_REASON_CANCELLED\x10\x03\x12\x19\n" +
 	"\x15EXIT_REASON_PREEMPTED\x10\x04\x12\x18\n" +
 	"\x14EXIT_REASON_MIGRATED\x10\x05\x12\x1b\n" +
-	"\x17EXIT_REASON_NODE_FAILED\x10\x06*\xc1\x01\n" +
+	"\x17EXIT_REASON_NODE_FAILED\x10\x06*\xe6\x01\n" +
 	"\rPreemptReason\x12\x1e\n" +
 	"\x1aPREEMPT_REASON_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1ePREEMPT_REASON_HIGHER_PRIORITY\x10\x01\x12'\n" +
 	"#PREEMPT_REASON_SPOT_PRICE_ABOVE_MAX\x10\x02\x12$\n" +
 	" PREEMPT_REASON_SPOT_INTERRUPTION\x10\x03\x12\x1d\n" +
-	"\x19PREEMPT_REASON_NODE_DRAIN\x10\x04*\xc1\x01\n" +
+	"\x19PREEMPT_REASON_NODE_DRAIN\x10\x04\x12#\n" +
+	"\x1fPREEMPT_REASON_BUDGET_EXHAUSTED\x10\x05*\xc1\x01\n" +
 	"\x0fMigrationReason\x12 \n" +
 	"\x1cMIGRATION_REASON_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aMIGRATION_REASON_NODE_LOST\x10\x01\x12#\n" +

@@ -3,7 +3,9 @@ package shizuv1
 // Validate checks a budget crossing: ids, a period with period_end after
 // period_start, a positive threshold, a percentage 0..1000 that comes with
 // the budget's amount (0 without one), and a spend of at least the
-// threshold, every amount in the threshold's currency.
+// threshold, every amount in the threshold's currency; a grace only
+// under BUDGET_POLICY_STOP_RUNNING, and exhausted only for the budget's
+// amount (100 %) under a policy that stops.
 func (m *BudgetThresholdCrossed) Validate() error {
 	if m == nil {
 		return errMissing()
@@ -43,5 +45,27 @@ func (m *BudgetThresholdCrossed) Validate() error {
 			p.addf("budget_amount.currency", "%q differs from threshold.currency %q", amount.GetCurrency(), threshold.GetCurrency())
 		}
 	}
+	p.budgetPolicy(m)
 	return p.err()
+}
+
+func (p *problems) budgetPolicy(m *BudgetThresholdCrossed) {
+	policy := m.GetPolicy()
+	p.enum("policy", policy, false)
+	if g := m.GetGrace(); g != nil {
+		if policy != BudgetPolicy_BUDGET_POLICY_STOP_RUNNING {
+			p.addf("grace", "set, but policy is %s; only BUDGET_POLICY_STOP_RUNNING has a grace", policy)
+		} else {
+			p.duration("grace", g, true)
+		}
+	}
+	if !m.GetExhausted() {
+		return
+	}
+	if policy != BudgetPolicy_BUDGET_POLICY_REJECT_NEW && policy != BudgetPolicy_BUDGET_POLICY_STOP_RUNNING {
+		p.addf("exhausted", "set, but policy is %s, which stops nothing", policy)
+	}
+	if m.GetThresholdPercent() != 100 || m.GetThreshold().GetMicros() != m.GetBudgetAmount().GetMicros() {
+		p.addf("exhausted", "set, but the threshold is not the budget's amount (100 %%)")
+	}
 }

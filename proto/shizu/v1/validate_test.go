@@ -32,6 +32,7 @@ func validEvents() []validator {
 		validUsageRecorded(), validInvoiceClosed(), validBudgetThresholdCrossed(),
 		validSpotPriceChanged(),
 		validStartRental(), validStopRental(), validDrainNode(),
+		validRentalLogBatch(),
 	}
 }
 
@@ -326,6 +327,15 @@ func TestEventValidationRejectsBadInputWithTheFieldPath(t *testing.T) {
 		{"a crossing of a zero threshold is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) { m.Threshold.Micros = 0; m.Spent.Micros = 0 }), "threshold.micros: 0 is not positive"},
 		{"a percentage threshold without the budget's amount is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) { m.BudgetAmount = nil }), "budget_amount: missing: the threshold is a percentage (80)"},
 		{"a crossing spent in another currency is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) { m.Spent.Currency = "EUR" }), "spent.currency: \"EUR\" differs from threshold.currency \"USD\""},
+		{"a grace without the stop-running policy is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) {
+			m.Policy, m.Grace = BudgetPolicy_BUDGET_POLICY_REJECT_NEW, durationpb.New(time.Minute)
+		}), "grace: set, but policy is BUDGET_POLICY_REJECT_NEW; only BUDGET_POLICY_STOP_RUNNING has a grace"},
+		{"an exhausted crossing below the budget's amount is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) {
+			m.Policy, m.Exhausted = BudgetPolicy_BUDGET_POLICY_STOP_RUNNING, true
+		}), "exhausted: set, but the threshold is not the budget's amount (100 %)"},
+		{"an exhausted crossing under the alert policy is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) {
+			m.Policy, m.Exhausted, m.ThresholdPercent, m.Threshold = BudgetPolicy_BUDGET_POLICY_ALERT, true, 100, m.BudgetAmount
+		}), "exhausted: set, but policy is BUDGET_POLICY_ALERT, which stops nothing"},
 		{"a crossing with an empty period is rejected", with(validBudgetThresholdCrossed(), func(m *BudgetThresholdCrossed) { m.PeriodEnd = m.PeriodStart }), "period_end: 2026-11-01T00:00:00Z is not after period_start"},
 		// InvoiceClosed
 		{"an invoice whose total is not the sum of its lines is rejected", with(validInvoiceClosed(), func(m *InvoiceClosed) { m.Total.Micros++ }), "total.micros: 3090001 differs from the sum of the line amounts 3090000"},

@@ -148,9 +148,16 @@ func Run(ctx context.Context, cfg Config) error {
 		// The meter writes through the guarded store: nothing is billed
 		// from a store that lost its state until it is rebuilt.
 		store := redisstore.New(rt.Redis, cfg.KeyPrefix)
-		m, err := NewMeter(cfg, Deps{Store: store.Guarded(), Conn: rt.Bus, Log: rt.Log,
-			Meter: rt.Telemetry.MeterProvider()})
+		budgets, err := ensureBudgets(ctx, rt.Bus)
 		if err != nil {
+			return nil, err
+		}
+		m, err := NewMeter(cfg, Deps{Store: store.Guarded(), Conn: rt.Bus, Log: rt.Log,
+			Meter: rt.Telemetry.MeterProvider(), Budgets: budgets})
+		if err != nil {
+			return nil, err
+		}
+		if err := m.LiftBudgets(ctx); err != nil {
 			return nil, err
 		}
 		recovery := NewRecovery(m, store)

@@ -44,6 +44,9 @@ type Meter struct {
 	subs *consumerSet
 	// lost wakes the store's recovery (noteLost).
 	lost chan struct{}
+	// budgets holds the budget states exhausted budgets put in force
+	// (nil: budgets only alert).
+	budgets BudgetStates
 }
 
 // Deps are what a Meter runs on.
@@ -60,6 +63,10 @@ type Deps struct {
 	Now func() time.Time
 	// Meter receives metering's metrics (default none).
 	Meter metric.MeterProvider
+	// Budgets holds the hard stops of exhausted budgets (the BUDGETS
+	// bucket, a *budgetkv.Store); nil, a budget's policy is not enforced
+	// (its crossings are published all the same).
+	Budgets BudgetStates
 }
 
 // NewMeter builds a Meter from a validated configuration.
@@ -86,7 +93,7 @@ func NewMeter(cfg Config, d Deps) (*Meter, error) {
 	}
 	return &Meter{metrics: ms, cat: cat, rules: cfg.Rules, grace: cfg.CloseGrace, parkGrace: cfg.ParkGrace, accounts: accounts, store: d.Store,
 		pub: d.Publisher, conn: d.Conn, log: d.Log, now: d.Now, source: topology.Metering,
-		opts: bus.ConsumeOptions{Concurrency: cfg.Concurrency, FastAck: cfg.FastAck}, batch: cfg.Batch, lost: make(chan struct{}, 1)}, nil
+		opts: bus.ConsumeOptions{Concurrency: cfg.Concurrency, FastAck: cfg.FastAck}, batch: cfg.Batch, lost: make(chan struct{}, 1), budgets: d.Budgets}, nil
 }
 
 // Start starts the consumers and, when tick is positive, the interval

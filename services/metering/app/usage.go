@@ -102,6 +102,11 @@ func (m *Meter) alertBudget(ctx context.Context, budget ledger.Budget, month str
 	if err := batch.Wait(ctx); err != nil {
 		return fmt.Errorf("publish budget crossing of %s: %w", budget.TenantID, err)
 	}
+	// The hard stop is in force before the crossing is marked alerted: a
+	// write that failed is retried with the redelivery.
+	if err := m.exhaust(ctx, budget, todo, month, spent); err != nil {
+		return err
+	}
 	for _, t := range todo {
 		first, err := m.store.Alert(ctx, budget.TenantID, month, t.Micros)
 		if err != nil {

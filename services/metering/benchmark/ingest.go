@@ -91,7 +91,7 @@ func Run(ctx context.Context, env *benchkit.Env, n int) (benchkit.Result, error)
 		Value:    float64(events) / elapsed.Seconds(), Unit: "events/s", Ceiling: raw,
 		CeilingWhat: "a bare JetStream pull consumer that decodes and acks the same events on the same server",
 		Goal:        Goal, Size: n, Seconds: time.Since(start).Seconds(), CPU: used,
-		Extra: map[string]float64{"usage_records": float64(records), "records/s": float64(records) / elapsed.Seconds()},
+		Extra: map[string]float64{"usage_records": float64(records), "records_per_s": float64(records) / elapsed.Seconds()},
 	}
 	r.Finish()
 	return r, nil

@@ -32,7 +32,7 @@ func BenchmarkIngest(b *testing.B) {
 	b.ReportMetric(2/perEvent, "events/s-per-2-cores")
 	b.ReportMetric(rawPerEvent/perEvent, "cpu-ratio")
 	b.ReportMetric(r.Value, "events/s")
-	b.ReportMetric(r.Extra["records/s"], "records/s")
+	b.ReportMetric(r.Extra["records_per_s"], "records/s")
 	b.ReportMetric(r.Ceiling, "raw-events/s")
 	b.ReportMetric(r.Ratio, "ratio")
 }
@@ -50,6 +50,9 @@ func TestRunMetersEveryRentalOnce(t *testing.T) {
 	}
 	if got := r.Extra["usage_records"]; got < 20 || got > 40 {
 		t.Errorf("%v usage records for 20 rentals, want 20..40 (two for one across a minute)", got)
+	}
+	if r.Extra["records_per_s"] <= 0 {
+		t.Errorf("extra records_per_s = %v, want a positive rate", r.Extra["records_per_s"])
 	}
 	if r.CPU.Items != 60 || r.CPU.ProcessSeconds <= 0 || r.CPU.CeilingSeconds <= 0 {
 		t.Errorf("cpu %+v", r.CPU)

@@ -9,10 +9,12 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/pricing"
+	"github.com/shizu-gpu/shizu/shared/budget"
 )
 
 // Accounts are the tenants' reserved commitments and budgets.
@@ -77,8 +79,8 @@ func (b Budget) validate(i int, currency string) []error {
 	if err := shizuv1.ValidToken(b.Name()); err != nil {
 		add("id: %w", err)
 	}
-	if len(b.ThresholdsMicros)+len(b.ThresholdsPercent) == 0 {
-		add("no thresholds_micros nor thresholds_percent")
+	if len(b.ThresholdsMicros)+len(b.ThresholdsPercent) == 0 && !b.Policy.Stops() {
+		add("no thresholds_micros nor thresholds_percent (nor a policy that stops at 100 %%)")
 	}
 	for _, t := range b.ThresholdsMicros {
 		if t <= 0 {
@@ -94,6 +96,20 @@ func (b Budget) validate(i int, currency string) []error {
 	for _, p := range b.ThresholdsPercent {
 		if p < 1 || p > 1000 {
 			add("threshold %d %% is out of range 1..1000", p)
+		}
+	}
+	policy, err := budget.ParsePolicy(string(b.Policy))
+	if err != nil {
+		add("%w", err)
+	}
+	if policy.Stops() && b.AmountMicros <= 0 {
+		add("policy %s acts at 100 %% of amount_micros: set a positive amount_micros", policy)
+	}
+	if b.Grace != "" {
+		if policy != budget.StopRunning {
+			add("grace %q is for policy %s only (this budget's policy is %s)", b.Grace, budget.StopRunning, policy)
+		} else if _, err := budget.ParseGrace(b.Grace); err != nil {
+			add("%w", err)
 		}
 	}
 	return errs
@@ -135,5 +151,12 @@ func BudgetCrossed(b Budget, t Threshold, start time.Time, spent int64, now time
 	if t.Percent != 0 {
 		ev.BudgetAmount = &shizuv1.Money{Micros: b.AmountMicros, Currency: b.Currency}
 	}
+	if b.Policy != "" {
+		ev.Policy = b.Policy.Proto()
+	}
+	if g := b.GraceOf(); g > 0 {
+		ev.Grace = durationpb.New(g)
+	}
+	ev.Exhausted = b.Exhausts(t)
 	return ev
 }

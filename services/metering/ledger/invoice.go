@@ -3,11 +3,13 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/metering/pricing"
+	"github.com/shizu-gpu/shizu/shared/budget"
 )
 
 // Commitment is a tenant's reserved commitment: GPUCount GPUs of Model for a
@@ -222,6 +224,16 @@ type Budget struct {
 	// that percentage of it (rounded down to the micro-unit).
 	AmountMicros      int64   `json:"amount_micros,omitempty"`
 	ThresholdsPercent []int32 `json:"thresholds_percent,omitempty"`
+	// Policy is what happens when the month's spend reaches AmountMicros
+	// (100 %): alert (the default: only the crossing is published),
+	// reject-new (the tenant's new rentals are rejected for the rest of
+	// the month) or stop-running (reject-new, and running rentals get a
+	// notice and are stopped once Grace passed). A policy that stops
+	// needs an AmountMicros, and adds the 100 % threshold.
+	Policy budget.Policy `json:"policy,omitempty"`
+	// Grace is, under stop-running, how long running rentals run after
+	// their notice ("5m", "90s"); empty means budget.DefaultGrace.
+	Grace string `json:"grace,omitempty"`
 }
 
 // DefaultBudgetID is the ID of a budget that names none.
@@ -252,7 +264,11 @@ func (b Budget) Thresholds() []Threshold {
 			byMicros[t] = Threshold{Micros: t}
 		}
 	}
-	for _, p := range b.ThresholdsPercent {
+	percents := b.ThresholdsPercent
+	if b.Policy.Stops() {
+		percents = append(slices.Clone(percents), 100) // the hard stop
+	}
+	for _, p := range percents {
 		t := b.AmountMicros/100*int64(p) + b.AmountMicros%100*int64(p)/100
 		byMicros[t] = Threshold{Micros: t, Percent: p}
 	}
@@ -273,4 +289,31 @@ func (b Budget) Reached(spent int64) []Threshold {
 		}
 	}
 	return out
+}
+
+// Exhausts says whether reaching t exhausts the budget: t is its amount
+// (100 %) and its policy stops.
+func (b Budget) Exhausts(t Threshold) bool {
+	return b.Policy.Stops() && b.AmountMicros > 0 && t.Micros == b.AmountMicros
+}
+
+// GraceOf is the budget's grace under stop-running (0 under another
+// policy); a grace that does not parse (Validate refuses it) is the
+// default.
+func (b Budget) GraceOf() time.Duration {
+	if b.Policy != budget.StopRunning {
+		return 0
+	}
+	d, err := budget.ParseGrace(b.Grace)
+	if err != nil {
+		return budget.DefaultGrace
+	}
+	return d
+}
+
+// Exhausted is the state the budget's exhaustion in month (YYYY-MM) puts
+// in force, first seen at now with spent.
+func (b Budget) Exhausted(month string, spent int64, now time.Time) budget.State {
+	return budget.State{Tenant: b.TenantID, Budget: b.Name(), Month: month, SpentMicros: spent, LimitMicros: b.AmountMicros,
+		Currency: b.Currency, Policy: b.Policy, GraceMillis: b.GraceOf().Milliseconds(), ExhaustedAt: now.UTC()}
 }

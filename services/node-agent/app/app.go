@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/shizu-gpu/shizu/services/node-agent/agent"
+	"github.com/shizu-gpu/shizu/services/node-agent/logship"
 	"github.com/shizu-gpu/shizu/shared/rent"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/subject"
@@ -65,6 +66,9 @@ type Config struct {
 	// interruption notice whose deadline is this far ahead. 0 (the
 	// default) leaves SIGUSR1 alone; an agent on real GPUs refuses it.
 	SimulateNoticeLead time.Duration
+	// Logs bound the shipping of each workload's output to the LOGS
+	// stream: line and batch caps, the rate per run, the read interval.
+	Logs logship.Limits
 
 	// Simulated, when set, is the simulated host to run on instead of
 	// building one from Simulate, so that the caller (`shizu dev`, a test)
@@ -81,7 +85,7 @@ func DefaultConfig() Config {
 		Zone: "local", Market: "on-demand", Price: "2.00", Currency: "USD",
 		HeartbeatInterval: time.Second, HeartbeatTTL: 3 * time.Second,
 		TelemetryInterval: 5 * time.Second, LeaseInterval: 2 * time.Second,
-		DefaultCommand: []string{"sleep", "infinity"}, StopGrace: 10 * time.Second}
+		DefaultCommand: []string{"sleep", "infinity"}, StopGrace: 10 * time.Second, Logs: logship.DefaultLimits()}
 }
 
 // RegisterFlags binds the node agent's own flags, each with a
@@ -108,6 +112,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	f.Duration(&c.StopGrace, "stop-grace", "default grace period between SIGTERM and SIGKILL", a("SHIZU_STOP_GRACE"))
 	f.Duration(&c.SimulateNoticeLead, "simulate-notice-lead",
 		"with -simulate only: SIGUSR1 delivers a simulated spot interruption notice with this lead time (0: off)", a("SHIZU_SIMULATE_NOTICE_LEAD"))
+	f.Float64(&c.Logs.RateBytes, "log-rate", "bytes per second of output each workload may ship to its log; more is dropped and counted",
+		a("SHIZU_LOG_RATE"))
+	f.Float64(&c.Logs.BurstBytes, "log-burst", "bytes of output a workload may ship at once above -log-rate", a("SHIZU_LOG_BURST"))
+	f.Duration(&c.Logs.Poll, "log-poll", "how often a workload's output file is read for new lines", a("SHIZU_LOG_POLL"))
 	f.Var((*commandLine)(&c.DefaultCommand), "default-command", "command of a rental that names none, split on spaces",
 		a("SHIZU_DEFAULT_COMMAND"))
 }
@@ -153,6 +161,9 @@ func (c Config) Validate() error {
 	}
 	if c.StopGrace < 0 {
 		errs = append(errs, fmt.Errorf("stop.grace: %s is negative", c.StopGrace))
+	}
+	if err := c.Logs.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.SimulateNoticeLead < 0 || (c.SimulateNoticeLead > 0 && c.Simulate == "" && c.Simulated == nil) {
 		errs = append(errs, fmt.Errorf("simulate.notice_lead: %s needs a simulated host (-simulate) and must not be negative; real hosts get notices from their provider only", c.SimulateNoticeLead))

@@ -107,6 +107,7 @@ func (a *nodeAgent) run(ctx context.Context, sc *shizuv1.RentalScheduled, causat
 	a.running[r.RentalID] = r
 	a.mu.Unlock()
 	a.addLoad(r, 1)
+	a.logs.start(w)
 	log.Info("workload started", "pid", w.PID, "gpus", uuids)
 	return a.publishStarted(ctx, r, causation)
 }

@@ -38,6 +38,7 @@ type nodeAgent struct {
 	now    func() time.Time
 	report agent.Events
 	m      *metrics
+	logs   *logShipping
 
 	mu    sync.Mutex
 	desc  *shizuv1.NodeRegistered // what registration says, without meta and epoch
@@ -163,6 +164,7 @@ func newAgent(ctx context.Context, cfg Config, srt *service.Runtime, b backend) 
 func (a *nodeAgent) startLoops(ctx context.Context, conn *bus.Conn) {
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
+	a.logs = newLogShipping(loopCtx, a)
 	a.adopt(loopCtx)
 	a.goLoop(func() { a.exitsLoop(loopCtx) })
 	a.beatNow = make(chan struct{}, 1)
@@ -201,6 +203,7 @@ func (a *nodeAgent) shutdown(ctx context.Context) {
 		_ = l.Stop(context.WithoutCancel(ctx))
 	}
 	a.wg.Wait()
+	a.logs.wait()
 	_ = a.rt.Close()
 	_ = a.host.Close()
 }
@@ -340,6 +343,7 @@ func (a *nodeAgent) adopt(ctx context.Context) {
 		a.running[r.RentalID] = r
 		a.mu.Unlock()
 		a.addLoad(r, 1)
+		a.logs.start(w)
 		a.log.Info("workload adopted", "rental", r.RentalID, "pid", w.PID)
 	}
 	a.renew(ctx)
@@ -368,6 +372,8 @@ func (a *nodeAgent) exitsLoop(ctx context.Context) {
 // later exits.
 func (a *nodeAgent) reportExit(ctx context.Context, x runtime.Exit) bool {
 	s := x.Workload.Spec
+	// Its output is complete: ship the rest and the end of it.
+	output := a.logs.end(x.Workload)
 	a.mu.Lock()
 	requested := a.stopping[s.RentalID]
 	a.mu.Unlock()
@@ -378,7 +384,7 @@ func (a *nodeAgent) reportExit(ctx context.Context, x runtime.Exit) bool {
 		o.Message = agent.DetailRefused
 		err = a.retry(ctx, "rental stopped", func() error { return a.publishStopped(ctx, r, o, "") })
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || !shipped(ctx, output) {
 		return false
 	}
 	a.m.stopped.Add(ctx, 1, metric.WithAttributes(attrReason.String(o.Reason.String())))

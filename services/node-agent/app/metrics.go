@@ -30,6 +30,7 @@ type metrics struct {
 	commands                                   metric.Int64Counter
 	stopped                                    metric.Int64Counter
 	refused                                    metric.Int64Counter
+	logLines                                   metric.Int64Counter
 	sampleDur                                  metric.Float64Histogram
 	gpuAttrs                                   []metric.MeasurementOption
 }
@@ -58,6 +59,9 @@ func newMetrics(m metric.Meter, running func() int64) (*metrics, error) {
 	all = append(all, err)
 	x.refused, err = m.Int64Counter("shizu.agent.reports.refused",
 		metric.WithDescription("reports the bus refused for good (invalid or not permitted), not retried, by report"))
+	all = append(all, err)
+	x.logLines, err = m.Int64Counter("shizu.agent.logs.lines", metric.WithUnit("{line}"),
+		metric.WithDescription("workload output lines, by outcome: shipped, truncated (shipped cut at the line cap), dropped (over the rate limit or refused)"))
 	all = append(all, err)
 	x.sampleDur, err = m.Float64Histogram("shizu.agent.telemetry.sample.duration", metric.WithUnit("s"),
 		metric.WithDescription("time to sample every GPU once"))
@@ -88,6 +92,9 @@ var (
 	dirTx        = attribute.NewSet(attrDirection.String("tx"))
 	eccCorrected = attribute.NewSet(attrECCType.String("corrected"))
 	eccUncorr    = attribute.NewSet(attrECCType.String("uncorrected"))
+	logShipped   = attribute.NewSet(attrOutcome.String("shipped"))
+	logTruncated = attribute.NewSet(attrOutcome.String("truncated"))
+	logDropped   = attribute.NewSet(attrOutcome.String("dropped"))
 )
 
 func (m *metrics) record(ctx context.Context, samples []gpu.Sample) {

@@ -251,7 +251,7 @@ func (s *Scheduler) Start(ctx context.Context, specs ...bus.Consumer) ([]service
 		<-done
 		return nil
 	})
-	parts := []service.Part{loop}
+	parts := []service.Part{loop, s.startBudgets(ctx)}
 	// The records are whole before the first delivery is handled; a
 	// check that fails here is repeated before each batch.
 	if err := s.ensureRecords(ctx); err != nil {
@@ -271,7 +271,8 @@ func (s *Scheduler) Start(ctx context.Context, specs ...bus.Consumer) ([]service
 	// Deliveries come in batches of up to BatchSize, Concurrency in flight
 	// in all, so the loop has the next batch at hand while the previous
 	// one's events are being stored.
-	opts := bus.BatchOptions{MaxBatch: s.cfg.BatchSize, Concurrency: max(1, s.cfg.Concurrency/s.cfg.BatchSize), FastAck: true}
+	opts := bus.BatchOptions{MaxBatch: s.cfg.BatchSize, Concurrency: max(1, s.cfg.Concurrency/s.cfg.BatchSize), FastAck: true,
+		Unusable: s.onForged}
 	for _, spec := range specs {
 		sub, err := s.d.Bus.ConsumeBatch(ctx, spec, s.gated(s.onBatch(s.Router())), opts)
 		if err != nil {

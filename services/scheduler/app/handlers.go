@@ -26,26 +26,38 @@ func (s *Scheduler) onRequested(ctx context.Context, d bus.Delivery) error {
 	if j == nil {
 		return err
 	}
-	return s.await(ctx, []*job{j})[0]
+	errs := []error{nil}
+	jobs, _ := s.claimOwners(ctx, []*job{j}, []int{0}, errs)
+	if len(jobs) == 0 {
+		return errs[0]
+	}
+	return s.await(ctx, jobs)[0]
 }
 
 // admit decodes a request and decides on it before any round
 // (round.Admit): a spec that fails validation is rejected at once with the
 // reason, and admit returns no job and the error that decides the delivery
-// (a request whose ids are unusable is dead-lettered); anything else
-// becomes a job for the next round.
+// (a request that does not decode or whose envelope is unusable is
+// dead-lettered, and rejected when its rental id can be read: unusable);
+// anything else becomes a job for the next round.
 func (s *Scheduler) admit(ctx context.Context, d bus.Delivery) (*job, error) {
 	ev := &shizuv1.RentalRequested{}
 	if err := proto.Unmarshal(d.Data, ev); err != nil {
-		return nil, fault.Invalid("decode RentalRequested: %w", err)
+		return nil, s.unusable(ctx, d, rentalIDOf(d.Data), fault.Invalid("decode RentalRequested: %w", err))
 	}
 	r := requestOf(ev)
 	reject, err := round.Admit(ev, &r, s.catalogue, s.plan)
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, s.unusable(ctx, d, ev.GetRentalId(), err)
 	case reject != "":
+		if owned, err := s.ownsRequest(ctx, ev); !owned {
+			return nil, err
+		}
 		return nil, s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_INVALID_SPEC, reject)
+	}
+	if refused, err := s.refuseOverBudget(ctx, ev); refused {
+		return nil, err
 	}
 	return s.newJob(ev, r, 1), nil
 }
@@ -83,6 +95,7 @@ func (s *Scheduler) onBatch(router *bus.Router) bus.BatchHandlerFunc {
 				others.Go(func() { errs[i] = h(ctx, d) })
 			}
 		}
+		jobs, at = s.claimOwners(ctx, jobs, at, errs)
 		for k, err := range s.await(ctx, jobs) {
 			errs[at[k]] = err
 		}
@@ -146,8 +159,12 @@ func (s *Scheduler) rejectNow(ctx context.Context, ev *shizuv1.RentalRequested, 
 
 // onCancel ends a rental the tenant cancelled: not placed yet, it is
 // rejected (REJECT_REASON_CANCELLED); placed, its node agent is told to
-// stop it, and its capacity comes back with RentalStopped.
+// stop it, and its capacity comes back with RentalStopped. A cancel of
+// another tenant's rental is rejected (ownsCancel) and changes nothing.
 func (s *Scheduler) onCancel(ctx context.Context, ev *shizuv1.RentalCancelRequested, _ bus.Delivery) error {
+	if owns, err := s.ownsCancel(ctx, ev); !owns {
+		return err
+	}
 	got, err := s.rec.Claim(ctx, []string{ev.GetRentalId()}, round.OutcomeCancelled, nil, nil)
 	if err != nil {
 		return err
@@ -262,8 +279,12 @@ func (s *Scheduler) onStoppedRaw(ctx context.Context, d bus.Delivery) error {
 
 // onStopped gives a stopped rental's capacity back (only the allocation on
 // the node that reports the stop: a rental re-placed elsewhere keeps its
-// new one), then wakes the pending requests.
+// new one), then wakes the pending requests. A stop naming another tenant
+// than the rental's owner is dead-lettered (checkOwner).
 func (s *Scheduler) onStopped(ctx context.Context, ev *shizuv1.RentalStopped, _ bus.Delivery) error {
+	if err := s.checkOwner(ctx, "RentalStopped", ev.GetRentalId(), ev.GetTenantId()); err != nil {
+		return err
+	}
 	a, err := s.d.Store.Allocation(ctx, ev.GetRentalId())
 	if capacity.IsNotFound(err) {
 		return nil

@@ -23,6 +23,9 @@ import (
 // it leaves.
 func (s *Scheduler) onMigrating(ctx context.Context, ev *shizuv1.RentalMigrating, _ bus.Delivery) error {
 	id := ev.GetRentalId()
+	if err := s.checkOwner(ctx, "RentalMigrating", id, ev.GetTenantId()); err != nil {
+		return err
+	}
 	// Failover sends attempt 0 and no spec when it never saw the rental
 	// scheduled. Without them a placement could neither be told from an
 	// earlier one (attempt 0 shares attempt 1's outcome) nor made: the

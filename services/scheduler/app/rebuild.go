@@ -143,7 +143,7 @@ func (s *Scheduler) checkRecordsLoop(ctx context.Context) {
 }
 
 // rebuildRecords folds the rentals stream and writes what it says: the
-// outcomes, then the preemptions, then the pending requests still
+// rental owners, the outcomes, then the preemptions, then the pending requests still
 // undecided, and the marker last.
 func (s *Scheduler) rebuildRecords(ctx context.Context) (history.Records, uint64, error) {
 	f := history.New(s.source)
@@ -160,6 +160,9 @@ func (s *Scheduler) rebuildRecords(ctx context.Context) (history.Records, uint64
 		return history.Records{}, 0, err
 	}
 	got := f.Records()
+	if err := s.restoreOwners(ctx, got.Owners); err != nil {
+		return got, upTo, err
+	}
 	if err := s.restoreDecided(ctx, got.Decided); err != nil {
 		return got, upTo, err
 	}

@@ -31,6 +31,9 @@ type Deps struct {
 	// publisher (both optional).
 	Records   ports.OutcomeRecords
 	Publisher ports.Publisher
+	// Owners records which tenant owns each rental id; unset, the Records
+	// when they are one (the Redis records are).
+	Owners ports.Owners
 	// Market holds the spot prices; unset, the Records when they are one
 	// (the Redis records are), else spot prices are not followed.
 	Market ports.SpotMarket
@@ -57,6 +60,7 @@ type Scheduler struct {
 	rec     ports.OutcomeRecords
 	pub     ports.Publisher
 	market  ports.SpotMarket
+	owners  ports.Owners // nil: ownership not kept (test fakes only)
 	plan    round.Config
 	source  string
 	metrics *Metrics
@@ -95,6 +99,8 @@ type Scheduler struct {
 	claimed chan struct{}
 	// rebuild keeps decisions off records Redis lost (rebuild.go).
 	rebuild rebuild
+	// budgets are the budget hard stops in force (budget.go).
+	budgets budgets
 }
 
 // job is one request in a scheduling round: what the round decides on, and
@@ -146,7 +152,7 @@ func New(cfg Config, d Deps) (*Scheduler, error) {
 		return nil, err
 	}
 	s := &Scheduler{
-		cfg: cfg, d: d, reserve: d.Store, rec: d.Records, pub: d.Publisher, market: d.Market, catalogue: catalogue,
+		cfg: cfg, d: d, reserve: d.Store, rec: d.Records, pub: d.Publisher, market: d.Market, owners: ownersOf(d), catalogue: catalogue,
 		plan: round.Config{Placer: pl, AgingStep: cfg.AgingStep, PendingTimeout: cfg.PendingTimeout,
 			PreemptionNotice: cfg.PreemptionNotice, Commitments: commitments, MaxPendingTimeout: cfg.MaxPendingTimeout,
 			Offers: offers, JudgeFrom: d.Now().Add(cfg.UnsatisfiableGrace)},

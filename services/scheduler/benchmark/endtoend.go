@@ -125,7 +125,7 @@ func RunWith(ctx context.Context, env *benchkit.Env, n int, opts Options) (bench
 		CeilingWhat: "bare capacity-store reserves/s on the same Redis, 32 clients (one reserve per placement)",
 		Goal:        Goal, Size: n, Seconds: time.Since(start).Seconds(), CPU: used,
 		Extra: map[string]float64{
-			"jetstream_publishes/s/3": jsRate / 3, "ratio_vs_jetstream/3": rate / (jsRate / 3),
+			"jetstream_publishes_per_s_div_3": jsRate / 3, "ratio_vs_jetstream_div_3": rate / (jsRate / 3),
 			"paced_p50_ms": benchkit.PercentileMS(lat, 0.5), "paced_p99_ms": benchkit.PercentileMS(lat, 0.99),
 		},
 	}

@@ -38,6 +38,10 @@ type Fold struct {
 	source  string
 	rentals map[string]*rental
 	order   []string // rental ids, by first event
+	// owners: the tenant of each rental's first event, as the scheduler
+	// claims it (ports.Owners); another tenant's events under the id
+	// were refused and change nothing.
+	owners map[string]string
 }
 
 type rental struct {
@@ -59,7 +63,7 @@ type rental struct {
 // New is an empty fold; source names the scheduler in the requests it
 // derives (Requeued).
 func New(source string) *Fold {
-	return &Fold{source: source, rentals: map[string]*rental{}}
+	return &Fold{source: source, rentals: map[string]*rental{}, owners: map[string]string{}}
 }
 
 func (f *Fold) rental(id string) *rental {
@@ -80,9 +84,34 @@ func (r *rental) decide(attempt int32, outcome string) {
 	}
 }
 
+// owned is what every rental event names.
+type owned interface {
+	GetRentalId() string
+	GetTenantId() string
+}
+
+// owns reports whether tenant owns rental: it does when its event is the
+// rental's first (the scheduler claims the owner on the first request or
+// cancel it handles).
+func (f *Fold) owns(rental, tenant string) bool {
+	if tenant == "" {
+		return false
+	}
+	owner, ok := f.owners[rental]
+	if !ok {
+		f.owners[rental] = tenant
+		return true
+	}
+	return owner == tenant
+}
+
 // Add folds one event in; events of other types (started, migrated,
-// preempted, ...) change nothing.
+// preempted, ...) change nothing, and neither do events of a tenant that
+// does not own the rental (history.Records.Owners).
 func (f *Fold) Add(ev proto.Message) {
+	if e, ok := ev.(owned); !ok || !f.owns(e.GetRentalId(), e.GetTenantId()) {
+		return
+	}
 	switch e := ev.(type) {
 	case *shizuv1.RentalRequested:
 		r := f.rental(e.GetRentalId())
@@ -111,6 +140,9 @@ func (f *Fold) Add(ev proto.Message) {
 		}
 		r.decide(max(e.GetAttempt(), 1), round.OutcomeScheduled)
 	case *shizuv1.RentalPreempted:
+		if e.GetReason() == shizuv1.PreemptReason_PREEMPT_REASON_BUDGET_EXHAUSTED {
+			return // a budget notice: its stop is the budget sweep's cancel, not a preemption record's
+		}
 		f.rental(e.GetRentalId()).preempted = e
 	case *shizuv1.RentalRejected:
 		r := f.rental(e.GetRentalId())
@@ -158,11 +190,15 @@ type Preemption struct {
 	Notice                            time.Time
 }
 
+// Owner is the tenant that owns a rental id.
+type Owner struct{ Rental, Tenant string }
+
 // Records is what the scheduler's records must hold.
 type Records struct {
 	Decided     []Decided    // by rental (first event order), then attempt
 	Pending     []Pending    // by rental (first event order)
 	Preemptions []Preemption // by victim (first event order)
+	Owners      []Owner      // by rental (first event order)
 }
 
 // Records is the fold's result. A cancel asked for while the latest
@@ -170,6 +206,7 @@ type Records struct {
 func (f *Fold) Records() Records {
 	var out Records
 	for _, id := range f.order {
+		out.Owners = append(out.Owners, Owner{Rental: id, Tenant: f.owners[id]})
 		r := f.rentals[id]
 		if _, decided := r.outcomes[r.latest]; !decided && r.latest > 0 && r.cancel {
 			r.outcomes[r.latest] = round.OutcomeCancelled

@@ -172,3 +172,47 @@ func TestAPreemptionLastsUntilItsVictimStops(t *testing.T) {
 		t.Fatalf("a stopped victim still preempted: %+v", got.Preemptions)
 	}
 }
+
+// A budget notice is no preemption: the budget sweep stops the rental
+// (through a cancel), so a rebuild restores no preemption record for it.
+func TestABudgetNoticeIsNoPreemption(t *testing.T) {
+	t.Parallel()
+	notice := &shizuv1.RentalPreempted{Meta: meta("budget:v"), RentalId: "v", TenantId: "acme", NodeId: "n1",
+		NoticeDeadline: timestamppb.New(t0.Add(5 * time.Minute)), Reason: shizuv1.PreemptReason_PREEMPT_REASON_BUDGET_EXHAUSTED}
+	got := fold(requested("v"), scheduled("v", 1), notice)
+	if len(got.Preemptions) != 0 {
+		t.Fatalf("preemptions %+v, want none for a budget notice", got.Preemptions)
+	}
+	if len(got.Decided) != 1 || !got.Decided[0].Running {
+		t.Fatalf("decided %+v, want the rental running", got.Decided)
+	}
+}
+
+// A rental id belongs to the tenant of its first event: another tenant's
+// request, rejection, cancel or stop under that id (all refused by the
+// scheduler) changes nothing of the owner's rental, and the owners are
+// part of the records.
+func TestAnotherTenantsEventsUnderARentalIdChangeNothing(t *testing.T) {
+	t.Parallel()
+	req := requested("r1")
+	other := requested("r1")
+	other.TenantId = "dev"
+	refused := rejected("r1", shizuv1.RejectReason_REJECT_REASON_NOT_PERMITTED)
+	refused.TenantId = "dev"
+	otherCancel, otherStop := cancel("r1"), stopped("r1", 1)
+	otherCancel.TenantId, otherStop.TenantId = "dev", "dev"
+	got := fold(req, other, refused, pending("r1", shizuv1.PendingReason_PENDING_REASON_NO_CAPACITY), otherCancel, otherStop)
+	if d := decided(got); len(d) != 0 {
+		t.Fatalf("decided %v; the owner's request is still pending", d)
+	}
+	if len(got.Pending) != 1 || got.Pending[0].Event.GetTenantId() != "acme" {
+		t.Fatalf("pending %v; want acme's request", got.Pending)
+	}
+	if !slices.Equal(got.Owners, []history.Owner{{Rental: "r1", Tenant: "acme"}}) {
+		t.Fatalf("owners %v", got.Owners)
+	}
+	got = fold(req, scheduled("r1", 1), otherStop)
+	if d := decided(got); !slices.Equal(d, []string{"r1/1=scheduled+running"}) {
+		t.Fatalf("decided %v; another tenant's stop does not end acme's run", d)
+	}
+}

@@ -25,6 +25,7 @@ import (
 //	<prefix>:sched:class                  hash    rental -> "<class>:<priority>" of placed rentals
 //	<prefix>:sched:pending                hash    rental -> pending entry JSON
 //	<prefix>:sched:preempt                hash    victim -> preemption JSON (until its stop is handled)
+//	<prefix>:sched:owner                  hash    rental -> the tenant that owns it (owners.go; never dropped)
 //	<prefix>:sched:rebuilt                string  the RENTALS sequence the records were rebuilt up to;
 //	                                              written last (rebuild.go): without it the records
 //	                                              were lost and are rebuilt before anything is decided
