@@ -35,8 +35,7 @@ var rentFields = fieldWords{
 // enumWords is every enum value name of the contract with its words.
 var enumWords = sync.OnceValue(func() map[string]string {
 	out := map[string]string{}
-	var add func(protoreflect.EnumDescriptors)
-	add = func(enums protoreflect.EnumDescriptors) {
+	add := func(enums protoreflect.EnumDescriptors) {
 		for i := range enums.Len() {
 			e := enums.Get(i)
 			prefix := upperSnake(string(e.Name())) + "_"

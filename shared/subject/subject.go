@@ -111,9 +111,8 @@ const (
 // (log.<tenant>.>) stays valid. Each message is one batch of lines of one
 // run of the rental (shizuv1.RentalLogBatch).
 const (
-	LogAll       = "log.*.*"
-	LogForTenant = "log.%s.*"
-	Log          = "log.%s.%s"
+	LogAll = "log.*.*"
+	Log    = "log.%s.%s"
 )
 
 // Dead letters: dlq.<stream>.<consumer>. The server's advisory that a

@@ -64,11 +64,32 @@ func (s Service) Permissions() Permissions {
 			"$JS.API.CONSUMER.CREATE."+kvStream+".>", "$JS.API.CONSUMER.DELETE."+kvStream+".>",
 			"$JS.API.CONSUMER.INFO."+kvStream+".>", "$JS.FC."+kvStream+".>")
 	}
+	if s.ReadsLogs {
+		pub = append(pub, logReader()...)
+	}
 	for _, b := range s.Buckets {
 		pub = append(pub, b.permissions()...)
 	}
 	slices.Sort(pub)
 	return Permissions{Publish: slices.Compact(pub), Subscribe: []string{"_INBOX.>"}}
+}
+
+// logReader is what shared/rentallogs needs on LOGS: the stream's info,
+// direct gets (the last message of a subject, and the next one from a
+// sequence), and ephemeral ordered consumers (create with a filter, pull,
+// info, delete). None of it can change or purge the stream.
+func logReader() []string {
+	return []string{
+		"$JS.API.STREAM.INFO." + StreamLogs,
+		"$JS.API.DIRECT.GET." + StreamLogs,
+		"$JS.API.DIRECT.GET." + StreamLogs + ".>",
+		// With its one filter in the subject (as nats.go sends it), so a
+		// later per-tenant reader can be narrowed to log.<tenant>.*.
+		"$JS.API.CONSUMER.CREATE." + StreamLogs + ".*." + subject.LogAll,
+		"$JS.API.CONSUMER.INFO." + StreamLogs + ".*",
+		"$JS.API.CONSUMER.MSG.NEXT." + StreamLogs + ".*",
+		"$JS.API.CONSUMER.DELETE." + StreamLogs + ".*",
+	}
 }
 
 // AdminPermissions allow everything.

@@ -144,9 +144,13 @@ type Service struct {
 	// Consumers are the durables it pulls from.
 	Consumers []bus.Consumer
 	// ConsumerPrefixes are durable name prefixes it may create per instance
-	// (e.g. one agent-<node> durable per node) on a stream.
+	// (e.g. one agent-<node> durable per node) on a stream, or durables it
+	// declares itself.
 	ConsumerPrefixes []StreamConsumer
 	Heartbeats       HeartbeatAccess
+	// ReadsLogs lets the service read rentals' output from LOGS as
+	// shared/rentallogs does (direct gets, ordered consumers it deletes).
+	ReadsLogs bool
 	// Buckets are the KV buckets (other than the heartbeats) it uses.
 	Buckets []BucketAccess
 }
@@ -280,9 +284,13 @@ func Services() []Service {
 			// every state-changing call.
 			Publishes: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll, subject.AuditRecordedAll},
 			// Every replica runs the rental read model's projector on one
-			// shared durable (shared/rentalview).
-			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: RentalViewDurable, FilterSubjects: []string{subject.RentalAll}}},
-			Buckets:   []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true}, {Bucket: RentalViewBucket, Writes: true}},
+			// shared durable, which shared/rentalview declares itself (a
+			// pinned priority group; it skips what it cannot fold rather
+			// than dead-lettering it, so it is no bus.Consumer: what walks
+			// every service's Consumers, such as the fault harness's wait
+			// for every durable, must not wait for a gateway it does not run).
+			ConsumerPrefixes: []StreamConsumer{{Stream: StreamRentals, Durable: RentalViewDurable}},
+			Buckets:          []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true}, {Bucket: RentalViewBucket, Writes: true}},
 		},
 	}
 }

@@ -143,6 +143,31 @@ func TestTheNodeAgentMayPublishRentalLogsAndNothingElseInTheLogStream(t *testing
 	}
 }
 
+func TestALogReaderMayReadButNeitherWriteNorPurgeLogs(t *testing.T) {
+	t.Parallel()
+	p := topology.Service{Name: "reader", ReadsLogs: true}.Permissions()
+	allowed := func(subj string) bool {
+		for _, pat := range p.Publish {
+			if subject.Matches(pat, subj) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, subj := range []string{"$JS.API.STREAM.INFO.LOGS", "$JS.API.DIRECT.GET.LOGS", "$JS.API.DIRECT.GET.LOGS.log.acme.r-1",
+		"$JS.API.CONSUMER.CREATE.LOGS.oc_1.log.acme.r-1", "$JS.API.CONSUMER.MSG.NEXT.LOGS.oc_1", "$JS.API.CONSUMER.DELETE.LOGS.oc_1"} {
+		if !allowed(subj) {
+			t.Errorf("a log reader may not publish %s", subj)
+		}
+	}
+	for _, subj := range []string{"log.acme.r-1", "$JS.API.STREAM.PURGE.LOGS", "$JS.API.STREAM.MSG.DELETE.LOGS",
+		"$JS.API.STREAM.UPDATE.LOGS", "$JS.API.CONSUMER.CREATE.LOGS.oc_1", "$JS.API.CONSUMER.CREATE.RENTALS.oc_1.rental.acme.started"} {
+		if allowed(subj) {
+			t.Errorf("a log reader may publish %s; it should not", subj)
+		}
+	}
+}
+
 func TestTheLogStreamIsBoundedPerRentalAndInAll(t *testing.T) {
 	t.Parallel()
 	for _, s := range topology.Streams(1) {
