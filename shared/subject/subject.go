@@ -97,6 +97,19 @@ const (
 	SpotPriceChanged      = "spot.%s.%s.price"
 )
 
+// Money queries metering answers by request-reply (JSON, shared/billing):
+// metering.<tenant>.<query>. The tenant is the subject's, never the
+// body's; no stream stores them.
+const (
+	MeteringQueryAll = "metering.*.*"
+	UsageQueryAll    = "metering.*.usage"
+	UsageQuery       = "metering.%s.usage"
+	InvoicesQueryAll = "metering.*.invoices"
+	InvoicesQuery    = "metering.%s.invoices"
+	BudgetQueryAll   = "metering.*.budget"
+	BudgetQuery      = "metering.%s.budget"
+)
+
 // Audit records of the tenant API: audit.<tenant>.<action>, one per
 // state-changing call the gateway answered (the tenant "operator" for an
 // operator key's calls).

@@ -13,15 +13,20 @@ import (
 type Permissions struct {
 	Publish   []string
 	Subscribe []string
+	// Responses lets the user publish one reply to each request it
+	// received (nats-server's allow_responses), for its Answers.
+	Responses bool
 }
 
 // Permissions derives the least privilege s needs: its event subjects, the
 // JetStream API calls for its own consumers (create, info, next, ack), the
-// dead-letter subjects of those consumers, and heartbeat access. Replies
-// arrive on _INBOX.
+// dead-letter subjects of those consumers, heartbeat and bucket access,
+// the requests it answers (subscribe, and one reply each) and those it
+// asks. Replies arrive on _INBOX.
 func (s Service) Permissions() Permissions {
 	pub := slices.Clone(s.Publishes)
 	pub = append(pub, "$JS.API.INFO")
+	pub = append(pub, s.Asks...)
 	streams := map[string]bool{}
 	durables := make([]StreamConsumer, 0, len(s.Consumers)+len(s.ConsumerPrefixes))
 	for _, c := range s.Consumers {
@@ -71,7 +76,8 @@ func (s Service) Permissions() Permissions {
 		pub = append(pub, b.permissions()...)
 	}
 	slices.Sort(pub)
-	return Permissions{Publish: slices.Compact(pub), Subscribe: []string{"_INBOX.>"}}
+	sub := append([]string{"_INBOX.>"}, s.Answers...)
+	return Permissions{Publish: slices.Compact(pub), Subscribe: sub, Responses: len(s.Answers) > 0}
 }
 
 // logReader is what shared/rentallogs needs on LOGS: the stream's info,
@@ -137,6 +143,9 @@ func UsersConf() string {
 		fmt.Fprintf(&b, "    {\n      user: %q\n      password: $%s\n      permissions: {\n", u.Name, PasswordVar(u.Name))
 		writeList(&b, "publish", u.Permissions.Publish)
 		writeList(&b, "subscribe", u.Permissions.Subscribe)
+		if u.Permissions.Responses {
+			b.WriteString("        allow_responses: true\n")
+		}
 		b.WriteString("      }\n    }\n")
 	}
 	b.WriteString("  ]\n}\n")

@@ -153,6 +153,13 @@ type Service struct {
 	ReadsLogs bool
 	// Buckets are the KV buckets (other than the heartbeats) it uses.
 	Buckets []BucketAccess
+	// Answers are request subjects (subscribe forms, in no stream) it
+	// answers in a queue group named after it: it subscribes to them and
+	// may publish one reply to each request it receives.
+	Answers []string
+	// Asks are request subjects (subscribe forms) it may send requests on;
+	// replies arrive on _INBOX.
+	Asks []string
 }
 
 // BucketAccess is a service's use of a KV bucket: Writes creates it and
@@ -223,6 +230,9 @@ func Services() []Service {
 			Name:      Metering,
 			Publishes: []string{subject.UsageRecordedAll, subject.UsageBudgetCrossedAll, subject.InvoiceClosedAll},
 			Buckets:   []BucketAccess{{Bucket: BudgetsBucket, Writes: true}},
+			// Usage, invoices and budgets of a tenant, from its aggregates
+			// and the BILLING stream (services/metering/app/query.go).
+			Answers: []string{subject.UsageQueryAll, subject.InvoicesQueryAll, subject.BudgetQueryAll},
 			Consumers: []bus.Consumer{
 				// RentalScheduled carries the spec, model and zone a rental is
 				// priced by; started/stopped carry the billing times.
@@ -291,6 +301,8 @@ func Services() []Service {
 			// for every durable, must not wait for a gateway it does not run).
 			ConsumerPrefixes: []StreamConsumer{{Stream: StreamRentals, Durable: RentalViewDurable}},
 			Buckets:          []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true}, {Bucket: RentalViewBucket, Writes: true}},
+			// Money is metering's to answer (usage, invoices, budgets).
+			Asks: []string{subject.UsageQueryAll, subject.InvoicesQueryAll, subject.BudgetQueryAll},
 		},
 	}
 }
@@ -308,3 +320,7 @@ func ServiceNamed(name string) (Service, bool) {
 	}
 	return Service{}, false
 }
+
+// QueueGroup is the queue group a service's replicas answer its Answers
+// in: each request reaches one replica.
+func QueueGroup(service string) string { return service }

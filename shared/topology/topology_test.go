@@ -237,3 +237,40 @@ func TestTheGatewayMayPublishForTenantsAndUseItsBucketsOnly(t *testing.T) {
 		}
 	}
 }
+
+// Money queries are request-reply: metering answers them (it subscribes
+// and may reply once per request), the gateway asks them, and no stream
+// stores them.
+func TestMoneyQueriesAreAnsweredByMeteringAndAskedByTheGateway(t *testing.T) {
+	t.Parallel()
+	m, _ := topology.ServiceNamed(topology.Metering)
+	gw, _ := topology.ServiceNamed(topology.Gateway)
+	mp, gp := m.Permissions(), gw.Permissions()
+	matches := func(pats []string, subj string) bool {
+		for _, p := range pats {
+			if subject.Matches(p, subj) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, q := range []string{"metering.acme.usage", "metering.acme.invoices", "metering.acme.budget"} {
+		if !matches(mp.Subscribe, q) || matches(mp.Publish, q) {
+			t.Errorf("metering: subscribe %s %v, publish %v; want subscribe only", q, matches(mp.Subscribe, q), matches(mp.Publish, q))
+		}
+		if !matches(gp.Publish, q) || matches(gp.Subscribe, q) {
+			t.Errorf("gateway: publish %s %v, subscribe %v; want publish only", q, matches(gp.Publish, q), matches(gp.Subscribe, q))
+		}
+		for _, s := range topology.Streams(1) {
+			if matches(s.Subjects, q) {
+				t.Errorf("stream %s stores the query %s", s.Name, q)
+			}
+		}
+	}
+	if !mp.Responses || gp.Responses {
+		t.Errorf("responses: metering %v, gateway %v; want metering only", mp.Responses, gp.Responses)
+	}
+	if topology.QueueGroup(topology.Metering) != "metering" {
+		t.Errorf("queue group %q", topology.QueueGroup(topology.Metering))
+	}
+}

@@ -125,6 +125,9 @@ func newStack(t testing.TB, cfg stackConfig) *stack {
 	if err := s.admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := quota.Ensure(t.Context(), s.admin.JetStream(), 1); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.admin.EnsureHeartbeats(t.Context(), topology.Heartbeats(1, heartbeatTTL)); err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,9 @@ func (s *Scheduler) refuseOverBudget(ctx context.Context, ev *shizuv1.RentalRequ
 	if !ok {
 		return false, nil
 	}
-	// The refusal records an outcome under the rental id: only its owner's.
+	// The rejection records an outcome under the rental id, which must
+	// be the tenant's own (a request under another tenant's id is refused
+	// as such instead).
 	if owned, err := s.ownsRequest(ctx, ev); !owned {
 		return true, err
 	}

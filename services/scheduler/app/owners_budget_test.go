@@ -16,7 +16,7 @@ import (
 // id: globex's request waiting for capacity is placed once capacity frees.
 func TestABudgetRefusalNeverDecidesAnotherTenantsRental(t *testing.T) {
 	t.Parallel()
-	e := newBudgetEnv(t)
+	e := newBudgetEnv(t, 1)
 	e.run("busy", "globex")
 	e.publish(requested("target", "globex", spec(4, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), e.clock.now()))
 	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
