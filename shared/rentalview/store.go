@@ -212,3 +212,19 @@ func (s *Store) Watch(ctx context.Context, tenant, rentalID string) (<-chan *Ren
 	}()
 	return out, nil
 }
+
+// Seed stores r, the record of a request the caller has just published
+// at stream sequence r.Seq, unless the projector (or another caller) has
+// written the rental already. The projector then skips that request (its
+// sequence is not newer) and folds what follows, so a record seeded from
+// the same event with Apply is what the projector would have written: a
+// client that created a rental can read it at once (read-your-writes).
+func (s *Store) Seed(ctx context.Context, r *Rental) error {
+	if err := checkTokens(r.Tenant, r.ID); err != nil {
+		return fault.Invalid("seed rental: %w", err)
+	}
+	if r.Seq == 0 {
+		return fault.Invalid("seed rental %s: no stream sequence", r.ID)
+	}
+	return s.putNewer(ctx, key(r.Tenant, r.ID), r)
+}

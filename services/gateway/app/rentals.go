@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/fault"
 	"github.com/shizu-gpu/shizu/shared/rentalview"
 	"github.com/shizu-gpu/shizu/shared/subject"
@@ -97,34 +98,45 @@ func (g *Gateway) createRental(w http.ResponseWriter, r *http.Request, c *call) 
 		writeProblem(w, r, http.StatusBadRequest, probInvalid, errs[0].Field+": "+errs[0].Reason, errs...)
 		return
 	}
-	if !g.publish(w, r, c, subject.RentalRequested, ev) {
+	ack, ok := g.publish(w, r, c, subject.RentalRequested, ev)
+	if !ok {
 		return
 	}
 	view := &rentalview.Rental{ID: rid, Tenant: c.tenant, State: rentalview.StateRequested}
 	rentalview.Apply(view, ev, now)
+	view.Seq = ack.Sequence
+	// Read-your-writes: the record is there for the caller's next GET even
+	// before the projector reaches the request. Best effort: the projector
+	// writes the same record anyway.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), requestTimeout)
+	defer cancel()
+	if err := g.views.Seed(sctx, view); err != nil {
+		c.log.Warn("seed the rental's record", "err", err, "rental_id", rid)
+	}
 	w.Header().Set("Location", "/v1/rentals/"+rid)
 	writeJSON(w, http.StatusCreated, toBody(view))
 }
 
 // publish sends ev on form for the call's tenant; false when it answered
 // with a problem.
-func (g *Gateway) publish(w http.ResponseWriter, r *http.Request, c *call, form string, ev proto.Message) bool {
+func (g *Gateway) publish(w http.ResponseWriter, r *http.Request, c *call, form string, ev proto.Message) (bus.Ack, bool) {
 	subj, err := subject.Format(form, c.tenant)
 	if err != nil {
 		c.log.Error("publish: subject", "err", err)
 		writeProblem(w, r, http.StatusInternalServerError, probInternal, "the request could not be sent")
-		return false
+		return bus.Ack{}, false
 	}
 	// Once sent, a request is seen through even if the client leaves: an
 	// answer lost half-way would make its retry a second rental.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), requestTimeout)
 	defer cancel()
-	if _, err := g.bus.Publish(ctx, subj, ev); err != nil {
+	ack, err := g.bus.Publish(ctx, subj, ev)
+	if err != nil {
 		c.log.Error("publish", "err", err, "subject", subj)
 		writeProblem(w, r, http.StatusInternalServerError, probInternal, "the request could not be sent to the platform; retry later")
-		return false
+		return bus.Ack{}, false
 	}
-	return true
+	return ack, true
 }
 
 // rentalList is the API's RentalList.
@@ -235,7 +247,7 @@ func (g *Gateway) stopRental(w http.ResponseWriter, r *http.Request, c *call) {
 		writeProblem(w, r, http.StatusBadRequest, probInvalid, errs[0].Field+": "+errs[0].Reason, errs...)
 		return
 	}
-	if !g.publish(w, r, c, subject.RentalCancelRequested, ev) {
+	if _, ok := g.publish(w, r, c, subject.RentalCancelRequested, ev); !ok {
 		return
 	}
 	rentalview.Apply(rr, ev, now)
