@@ -71,7 +71,7 @@ func readSaved() (savedCredentials, string, error) {
 	}
 	var s savedCredentials
 	if err := json.Unmarshal(b, &s); err != nil {
-		return savedCredentials{}, path, fmt.Errorf("%s is not shizu login's file (%v): run `shizu logout`, then `shizu login`", path, err)
+		return savedCredentials{}, path, fmt.Errorf("%s is not shizu login's file (%w): run `shizu logout`, then `shizu login`", path, err)
 	}
 	return s, path, nil
 }
