@@ -34,6 +34,7 @@ const (
 	hookAttemptWait = 10 * time.Second
 	hookFetchWait   = time.Second
 	hookPinnedTTL   = 10 * time.Second
+	hookRemembered  = 100_000
 )
 
 // hookEvent is the body POSTed to a webhook.
@@ -58,7 +59,10 @@ type deliverer struct {
 	client *http.Client
 	mu     sync.Mutex
 	queues map[string]chan hookJob
-	last   map[string]string // rental key -> last state handled
+	// last is each rental's state last handled (by this replica while it
+	// was pinned; at most hookRemembered): a record written without a
+	// change of state is no event.
+	last map[string]string
 }
 
 // newDeliverer creates or binds the shared durable (at once, so changes
@@ -106,6 +110,9 @@ func (d *deliverer) handle(ctx context.Context, m jetstream.Msg) {
 	r, err := decodeRental(m.Data())
 	if err != nil || d.last[r.Tenant+"."+r.ID] == r.State {
 		return
+	}
+	if len(d.last) >= hookRemembered {
+		clear(d.last) // bounded memory; a record rewritten later in the same state is then delivered again
 	}
 	d.last[r.Tenant+"."+r.ID] = r.State
 	meta, err := m.Metadata()
@@ -244,4 +251,3 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	}
 }
-

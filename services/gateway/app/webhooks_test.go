@@ -179,3 +179,126 @@ func TestWebhookURLsAreCheckedAndListedWithoutSecrets(t *testing.T) {
 		t.Fatalf("another tenant's list: %s", l.Body)
 	}
 }
+
+// A rental's states arrive in order, signed; tenant B's webhook never
+// sees A's rental; after the webhook is deleted nothing more arrives.
+func TestWebhooksDeliverStatesInOrderToTheTenantOnly(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 1, webhookOptions())
+	a, b := h.tenant("acme", identity.ReadWrite), h.tenant("bolt", identity.ReadWrite)
+	ra, rb := newReceiver(t, 0), newReceiver(t, 0)
+	hookA := h.register(a, ra)
+	h.register(b, rb)
+	id := h.create(a)
+	if got := ra.states(1); got[0] != "rental.requested" {
+		t.Fatalf("first delivery %v, want rental.requested", got)
+	}
+	h.reject("acme", id)
+	got := ra.states(2)
+	if strings.Join(got, " ") != "rental.requested rental.rejected" {
+		t.Fatalf("deliveries %v, want rental.requested then rental.rejected", got)
+	}
+	for _, d := range ra.deliveries() {
+		if d.Tenant != "acme" || d.Rental.Tenant != "acme" || d.Rental.ID != id || d.ID == "" ||
+			d.Type != "rental."+d.Rental.State {
+			t.Errorf("delivery %+v", d)
+		}
+	}
+	// B's own rental reaches B; none of A's ever did.
+	idB := h.create(b)
+	rb.states(1)
+	for _, d := range rb.deliveries() {
+		if d.Rental.ID != idB || d.Tenant != "bolt" {
+			t.Fatalf("tenant bolt's webhook received %+v", d)
+		}
+	}
+	if del := h.do(req{method: "DELETE", path: "/v1/webhooks/" + hookA, key: b}); del.Status != http.StatusNotFound {
+		t.Fatalf("bolt deletes acme's webhook: %d, want 404", del.Status)
+	}
+	if del := h.do(req{method: "DELETE", path: "/v1/webhooks/" + hookA, key: a}); del.Status != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", del.Status, del.Body)
+	}
+	// A later rental of acme's is delivered to a second webhook (so it
+	// was handled) but not to the deleted one.
+	later := newReceiver(t, 0)
+	h.register(a, later)
+	id2 := h.create(a)
+	later.states(1)
+	for _, d := range ra.deliveries() {
+		if d.Rental.ID == id2 {
+			t.Fatalf("a deleted webhook received %+v", d)
+		}
+	}
+}
+
+// A receiver that answers 503 is retried until it takes the delivery;
+// the filter leaves out states it did not ask for.
+func TestWebhookDeliveriesAreRetriedAndFiltered(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 1, webhookOptions())
+	key := h.tenant("acme", identity.ReadWrite)
+	rc := newReceiver(t, 3)
+	h.register(key, rc, "rejected")
+	id := h.create(key)
+	h.projected(key, id)
+	h.reject("acme", id)
+	got := rc.states(1)
+	if len(got) != 1 || got[0] != "rental.rejected" {
+		t.Fatalf("deliveries %v, want one rental.rejected", got)
+	}
+	rc.mu.Lock()
+	tries := rc.tries
+	rc.mu.Unlock()
+	if tries != 4 {
+		t.Fatalf("%d attempts, want 3 refused and 1 taken", tries)
+	}
+}
+
+// With two replicas each event is delivered once.
+func TestWebhooksWithTwoReplicasDeliverEachEventOnce(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 2, webhookOptions())
+	key := h.tenant("acme", identity.ReadWrite)
+	rc := newReceiver(t, 0)
+	h.register(key, rc)
+	var ids []string
+	for i := range 6 {
+		r := req{method: "POST", path: "/v1/rentals", key: key, body: map[string]any{"gpu_count": 1}, replica: i % 2}
+		a := h.do(r)
+		if a.Status != http.StatusCreated {
+			t.Fatalf("create: %d %s", a.Status, a.Body)
+		}
+		var out struct {
+			ID string `json:"rental_id"`
+		}
+		a.json(t, &out)
+		ids = append(ids, out.ID)
+	}
+	rc.states(len(ids))
+	for _, id := range ids {
+		h.projected(key, id)
+		h.reject("acme", id)
+	}
+	rc.states(2 * len(ids))
+	// Anything more would have come by the time a further rental's
+	// deliveries have.
+	last := h.create(key)
+	testkit.Eventually(t, 10*time.Second, func() error {
+		for _, d := range rc.deliveries() {
+			if d.Rental.ID == last {
+				return nil
+			}
+		}
+		return fmt.Errorf("no delivery of %s yet", last)
+	})
+	seen := map[string]int{}
+	for _, d := range rc.deliveries() {
+		seen[d.ID]++
+		if seen[d.ID] > 1 {
+			t.Errorf("delivery %s (%s of %s) came %d times", d.ID, d.Type, d.Rental.ID, seen[d.ID])
+		}
+	}
+	if len(seen) != 2*len(ids)+1 {
+		t.Fatalf("%d distinct deliveries, want %d", len(seen), 2*len(ids)+1)
+	}
+}
