@@ -30,8 +30,12 @@ type receiver struct {
 	secret string
 	fail   int
 	tries  int
-	got    []delivery
-	bad    []string
+	// refuse, when set, answers 500 to every attempt of a delivery it
+	// says so of (counted in refused).
+	refuse  func(delivery) bool
+	refused int
+	got     []delivery
+	bad     []string
 }
 
 type delivery struct {
@@ -64,6 +68,11 @@ func newReceiver(t testing.TB, fail int) *receiver {
 			rc.bad = append(rc.bad, err.Error())
 		}
 		d.ID = r.Header.Get("Shizu-Delivery-Id")
+		if rc.refuse != nil && rc.refuse(d) {
+			rc.refused++
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
 		rc.got = append(rc.got, d)
 	}))
 	t.Cleanup(rc.srv.Close)
@@ -300,5 +309,46 @@ func TestWebhooksWithTwoReplicasDeliverEachEventOnce(t *testing.T) {
 	}
 	if len(seen) != 2*len(ids)+1 {
 		t.Fatalf("%d distinct deliveries, want %d", len(seen), 2*len(ids)+1)
+	}
+}
+
+// A delivery its receiver keeps refusing is given up after the retry
+// time, and the webhook's later deliveries still arrive.
+func TestWebhookDeliveriesAreGivenUpAfterTheRetryTime(t *testing.T) {
+	t.Parallel()
+	o := webhookOptions()
+	o.WebhookRetryFor = 300 * time.Millisecond
+	h := newHarness(t, 1, o)
+	key := h.tenant("acme", identity.ReadWrite)
+	rc := newReceiver(t, 0)
+	// The first rental it hears of is refused (refuse runs under rc.mu).
+	var doomed string
+	rc.refuse = func(d delivery) bool {
+		if doomed == "" {
+			doomed = d.Rental.ID
+		}
+		return d.Rental.ID == doomed
+	}
+	h.register(key, rc)
+	id := h.create(key)
+	testkit.Eventually(t, 10*time.Second, func() error {
+		rc.mu.Lock()
+		defer rc.mu.Unlock()
+		if rc.refused < 2 {
+			return fmt.Errorf("%d refused attempts, want a retry", rc.refused)
+		}
+		return nil
+	})
+	rc.mu.Lock()
+	if doomed != id {
+		t.Fatalf("refused %q, want the first rental %s", doomed, id)
+	}
+	rc.mu.Unlock()
+	next := h.create(key)
+	got := rc.states(1)
+	for _, d := range rc.deliveries() {
+		if d.Rental.ID != next {
+			t.Fatalf("deliveries %v: want only %s's (the refused one given up)", got, next)
+		}
 	}
 }
