@@ -47,6 +47,9 @@ const (
 	// KV_QUOTAS; shared/quota), written by operators, watched by the
 	// scheduler.
 	QuotaBucket = "QUOTAS"
+	// WebhooksBucket holds the tenants' webhooks (with their signing
+	// secrets), one key "<tenant>.<webhook id>" each.
+	WebhooksBucket = "WEBHOOKS"
 )
 
 // IdempotencyTTL is how long a POST's first answer is replayed.
@@ -117,6 +120,7 @@ func Buckets(replicas int) []bus.Bucket {
 	return []bus.Bucket{
 		{Name: IdentityBucket, Description: "tenants and API keys (sha256 hashes only)", History: 5, Replicas: replicas},
 		{Name: IdempotencyBucket, Description: "first answers to POSTs with an Idempotency-Key", TTL: IdempotencyTTL, Replicas: replicas},
+		{Name: WebhooksBucket, Description: "tenants' webhooks and their signing secrets", Replicas: replicas},
 	}
 }
 
@@ -299,8 +303,13 @@ func Services() []Service {
 			// than dead-lettering it, so it is no bus.Consumer: what walks
 			// every service's Consumers, such as the fault harness's wait
 			// for every durable, must not wait for a gateway it does not run).
-			ConsumerPrefixes: []StreamConsumer{{Stream: StreamRentals, Durable: RentalViewDurable}},
-			Buckets:          []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true}, {Bucket: RentalViewBucket, Writes: true}},
+			// Webhook deliveries come from one more shared durable, on the
+			// read model's own stream (KV_RENTAL_VIEW), declared by the
+			// gateway itself (pinned like the projector's).
+			ConsumerPrefixes: []StreamConsumer{{Stream: StreamRentals, Durable: RentalViewDurable},
+				{Stream: "KV_" + RentalViewBucket, Durable: WebhooksDurable}},
+			Buckets: []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true},
+				{Bucket: RentalViewBucket, Writes: true}, {Bucket: WebhooksBucket, Writes: true}},
 			// Money is metering's to answer (usage, invoices, budgets).
 			Asks: []string{subject.UsageQueryAll, subject.InvoicesQueryAll, subject.BudgetQueryAll},
 		},
@@ -310,6 +319,10 @@ func Services() []Service {
 // RentalViewDurable is the rental read model projector's durable on
 // RENTALS (shared/rentalview.Durable).
 const RentalViewDurable = "rentalview"
+
+// WebhooksDurable is the gateway's durable on the rental read model's
+// stream that delivers tenants' webhooks (services/gateway/app).
+const WebhooksDurable = "webhooks"
 
 // ServiceNamed returns the declared service called name.
 func ServiceNamed(name string) (Service, bool) {

@@ -42,11 +42,20 @@ type Options struct {
 	// Replicas is the replica count of the buckets the gateway ensures
 	// (1 on a single server, 3 on a cluster).
 	Replicas int
+	// WebhookLoopback lets tenants register http webhooks to a loopback
+	// address (shizu dev, tests); otherwise webhooks must be https.
+	WebhookLoopback bool
+	// WebhookRetryInitial and WebhookRetryFor are a webhook delivery's
+	// first retry interval (doubling, at most a minute) and how long it is
+	// retried before it is given up.
+	WebhookRetryInitial time.Duration
+	WebhookRetryFor     time.Duration
 }
 
 // DefaultOptions are the options on a developer machine.
 func DefaultOptions() Options {
-	return Options{RatePerSecond: 20, RateBurst: 40, MaxPriority: 100, Projector: true, Replicas: 1}
+	return Options{RatePerSecond: 20, RateBurst: 40, MaxPriority: 100, Projector: true, Replicas: 1,
+		WebhookRetryInitial: time.Second, WebhookRetryFor: 30 * time.Minute}
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -65,6 +74,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	f.Int(&c.RateBurst, "burst", "calls each API key may make at once")
 	f.Int(&c.MaxPriority, "max-priority", "highest rental priority a tenant may ask for (0..1000)")
 	f.Bool(&c.Projector, "projector", "run the rental read model's projector in this process")
+	f.Bool(&c.WebhookLoopback, "webhook-loopback", "allow http webhooks to loopback addresses (development only)")
+	f.Duration(&c.WebhookRetryFor, "webhook-retry-for", "how long a failing webhook delivery is retried before it is given up")
 	f.Int(&c.Replicas, "replicas", "replicas of the IDENTITY and IDEMPOTENCY buckets (1, or 3 on a cluster)")
 }
 
@@ -92,6 +103,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxPriority < 0 || o.MaxPriority > 1000 {
 		errs = append(errs, fmt.Errorf("gateway.max_priority: %d is out of range 0..1000", o.MaxPriority))
+	}
+	if o.WebhookRetryInitial <= 0 || o.WebhookRetryFor <= 0 {
+		errs = append(errs, fmt.Errorf("gateway.webhook_retry_for: %s (first retry after %s) must be positive", o.WebhookRetryFor, o.WebhookRetryInitial))
 	}
 	return errors.Join(errs...)
 }

@@ -33,6 +33,7 @@ type Gateway struct {
 	dir     *identity.Directory
 	views   *rentalview.Store
 	idem    jetstream.KeyValue
+	hooks   jetstream.KeyValue
 	limits  *limiter
 	metrics *metrics
 	now     func() time.Time
@@ -73,6 +74,9 @@ func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger, m
 	if g.idem, err = js.KeyValue(ctx, topology.IdempotencyBucket); err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", topology.IdempotencyBucket, err)
 	}
+	if g.hooks, err = js.KeyValue(ctx, topology.WebhooksBucket); err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", topology.WebhooksBucket, err)
+	}
 	if g.dir, err = identity.Open(ctx, js); err != nil {
 		return nil, err
 	}
@@ -90,6 +94,11 @@ func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger, m
 			}
 		}()
 	}
+	d, err := newDeliverer(ctx, g, js)
+	if err != nil {
+		return nil, err
+	}
+	go d.run(ctx)
 	g.routes = map[string]route{}
 	for _, set := range routeSets {
 		for _, rt := range set(g) {
@@ -143,7 +152,7 @@ type route struct {
 
 // routeSets are the files' routes; a new file of endpoints adds its
 // function here and its paths to api/openapi.json.
-var routeSets = []func(*Gateway) []route{docRoutes, rentalRoutes, moneyRoutes}
+var routeSets = []func(*Gateway) []route{docRoutes, rentalRoutes, moneyRoutes, webhookRoutes}
 
 func docRoutes(*Gateway) []route {
 	return []route{{method: http.MethodGet, path: "/v1/openapi.json", access: public,

@@ -22,6 +22,8 @@ const (
 	metricRateLimited = "shizu.gateway.rate_limited"
 	metricReplayed    = "shizu.gateway.idempotent_replays"
 	metricAuditLost   = "shizu.gateway.audit_records_lost"
+	metricHooksSent   = "shizu.gateway.webhook_deliveries"
+	metricHooksFailed = "shizu.gateway.webhook_deliveries_failed"
 )
 
 // metrics are the gateway's instruments.
@@ -31,6 +33,10 @@ type metrics struct {
 	rateLimited metric.Int64Counter
 	replayed    metric.Int64Counter
 	auditLost   metric.Int64Counter
+	// hooksDelivered and hooksFailed count webhook deliveries received
+	// (2xx) and given up (retries spent, a 4xx, or a full queue).
+	hooksDelivered metric.Int64Counter
+	hooksFailed    metric.Int64Counter
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
@@ -39,13 +45,16 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	}
 	m := mp.Meter(meterName)
 	var x metrics
-	var errs [5]error
+	var errs [7]error
 	x.requests, errs[0] = m.Int64Counter(metricRequests, metric.WithDescription("Calls answered (by route, method and status)."))
 	x.duration, errs[1] = m.Float64Histogram(metricDuration, metric.WithUnit("s"),
 		metric.WithDescription("Time to answer a call (an event stream: until it ended)."))
 	x.rateLimited, errs[2] = m.Int64Counter(metricRateLimited, metric.WithDescription("Calls refused by a key's rate limit."))
 	x.replayed, errs[3] = m.Int64Counter(metricReplayed, metric.WithDescription("POSTs answered with the first answer of their Idempotency-Key."))
 	x.auditLost, errs[4] = m.Int64Counter(metricAuditLost, metric.WithDescription("State-changing calls whose audit record could not be stored."))
+	x.hooksDelivered, errs[5] = m.Int64Counter(metricHooksSent, metric.WithDescription("Webhook deliveries a receiver accepted."))
+	x.hooksFailed, errs[6] = m.Int64Counter(metricHooksFailed,
+		metric.WithDescription("Webhook deliveries given up: retries spent, refused by the receiver, or dropped from a full queue."))
 	return &x, errors.Join(errs[:]...)
 }
 
