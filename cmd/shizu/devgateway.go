@@ -51,6 +51,8 @@ func (s *devStack) gatewayUnit() serviceUnit {
 	// One developer's scripts and tests poll: a higher rate than a
 	// deployed gateway's default (20/s, 40 at once), still limited.
 	cfg.RatePerSecond, cfg.RateBurst = 200, 400
+	// A developer's webhook receiver is usually a local http server.
+	cfg.WebhookLoopback = true
 	port, note := pickPort(s.o.apiPort, "gateway")
 	s.notes = append(s.notes, note)
 	cfg.Listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
