@@ -67,6 +67,9 @@ func (s Service) Permissions() Permissions {
 	for _, b := range s.Buckets {
 		pub = append(pub, b.permissions()...)
 	}
+	if s.ReadsLogs {
+		pub = append(pub, logReader()...)
+	}
 	slices.Sort(pub)
 	return Permissions{Publish: slices.Compact(pub), Subscribe: []string{"_INBOX.>"}}
 }
@@ -163,4 +166,14 @@ func (b BucketAccess) permissions() []string {
 		out = append(out, "$KV."+b.Bucket+".>", "$JS.API.STREAM.CREATE."+st, "$JS.API.STREAM.UPDATE."+st)
 	}
 	return out
+}
+
+// logReader are the API subjects shared/rentallogs uses on LOGS: stream
+// info, direct and plain gets (Tail), and an ordered consumer's create,
+// info, next, flow control and delete (Follow).
+func logReader() []string {
+	st := StreamLogs
+	return []string{"$JS.API.STREAM.INFO." + st, "$JS.API.DIRECT.GET." + st, "$JS.API.DIRECT.GET." + st + ".>",
+		"$JS.API.STREAM.MSG.GET." + st, "$JS.API.CONSUMER.CREATE." + st + ".>", "$JS.API.CONSUMER.DELETE." + st + ".>",
+		"$JS.API.CONSUMER.INFO." + st + ".>", "$JS.API.CONSUMER.MSG.NEXT." + st + ".>", "$JS.FC." + st + ".>"}
 }

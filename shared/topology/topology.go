@@ -149,6 +149,11 @@ type Service struct {
 	Heartbeats       HeartbeatAccess
 	// Buckets are the KV buckets (other than the heartbeats) it uses.
 	Buckets []BucketAccess
+	// ReadsLogs lets it read rentals' output from LOGS as shared/rentallogs
+	// does: direct gets by subject (Tail) and ordered consumers it deletes
+	// (Follow). The permission is for every tenant's subject; the service
+	// names the tenant itself.
+	ReadsLogs bool
 }
 
 // BucketAccess is a service's use of a KV bucket: Writes creates it and
@@ -283,6 +288,8 @@ func Services() []Service {
 			// shared durable (shared/rentalview).
 			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: RentalViewDurable, FilterSubjects: []string{subject.RentalAll}}},
 			Buckets:   []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true}, {Bucket: RentalViewBucket, Writes: true}},
+			// GET /v1/rentals/{id}/logs, for the key's tenant's rental only.
+			ReadsLogs: true,
 		},
 	}
 }
