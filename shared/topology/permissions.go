@@ -70,6 +70,9 @@ func (s Service) Permissions() Permissions {
 	if s.ReadsLogs {
 		pub = append(pub, logReader()...)
 	}
+	for _, st := range s.Reads {
+		pub = append(pub, "$JS.API.STREAM.INFO."+st, "$JS.API.DIRECT.GET."+st, "$JS.API.DIRECT.GET."+st+".>", "$JS.API.STREAM.MSG.GET."+st)
+	}
 	slices.Sort(pub)
 	return Permissions{Publish: slices.Compact(pub), Subscribe: []string{"_INBOX.>"}}
 }

@@ -154,6 +154,9 @@ type Service struct {
 	// (Follow). The permission is for every tenant's subject; the service
 	// names the tenant itself.
 	ReadsLogs bool
+	// Reads are streams it reads by subject: stream info (with a subject
+	// filter) and last or numbered messages, no consumer.
+	Reads []string
 }
 
 // BucketAccess is a service's use of a KV bucket: Writes creates it and
@@ -283,13 +286,18 @@ func Services() []Service {
 			Name: Gateway,
 			// It publishes for the tenant its API key names, and records
 			// every state-changing call.
-			Publishes: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll, subject.AuditRecordedAll},
+			Publishes: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll, subject.AuditRecordedAll,
+				// Pools of the key's tenant (ids "<tenant>_<pool>": the
+				// autoscaler refuses another tenant's) and their traffic.
+				subject.ScalePoolDeclaredAll, subject.TrafficSampleAll},
 			// Every replica runs the rental read model's projector on one
 			// shared durable (shared/rentalview).
 			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: RentalViewDurable, FilterSubjects: []string{subject.RentalAll}}},
 			Buckets:   []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true}, {Bucket: RentalViewBucket, Writes: true}},
 			// GET /v1/rentals/{id}/logs, for the key's tenant's rental only.
 			ReadsLogs: true,
+			// GET /v1/pools: the tenant's declarations and last decisions.
+			Reads: []string{StreamScaling},
 		},
 	}
 }
