@@ -4,7 +4,7 @@
 #
 #   docker build --build-arg SERVICE=scheduler -t shizu/scheduler:dev .
 #
-# SERVICE is one of scheduler, metering, autoscaler, failover, node-agent (built from
+# SERVICE is one of scheduler, metering, autoscaler, failover, gateway, node-agent (built from
 # ./services/$SERVICE/cmd/$SERVICE) or shizu (the CLI, ./cmd/shizu, used by compose's
 # one-shot `provision` container), in workspace mode (go.work), and installed as
 # /usr/local/bin/$SERVICE. docker-compose.yml passes SERVICE per service.
@@ -35,14 +35,14 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     set -eu; \
     pkg="./services/${SERVICE:-}/cmd/${SERVICE:-}"; \
     case "${SERVICE:-}" in \
-      scheduler|metering|autoscaler|failover) \
+      scheduler|metering|autoscaler|failover|gateway) \
         export CGO_ENABLED=0 ;; \
       node-agent) \
         export CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" ;; \
       shizu) \
         pkg=./cmd/shizu; export CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" ;; \
       *) \
-        echo "SERVICE must be one of scheduler metering autoscaler failover node-agent shizu, got '${SERVICE:-}'" >&2; \
+        echo "SERVICE must be one of scheduler metering autoscaler failover gateway node-agent shizu, got '${SERVICE:-}'" >&2; \
         exit 1 ;; \
     esac; \
     go build -trimpath -buildvcs=false -ldflags="-s -w" -o "/out/${SERVICE}" "$pkg"

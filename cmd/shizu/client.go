@@ -273,7 +273,7 @@ func (v verb) main(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return exitUsage
 		}
 		fmt.Fprintf(stderr, "shizu %s: %s\n", v.name, oneLine(err))
-		return exitFail
+		return exitCodeOf(err)
 	}
 	return exitOK
 }

@@ -22,6 +22,7 @@ type devOptions struct {
 	monPort   int
 	redisURL  string
 	redisPort int
+	apiPort   int
 	logLevel  string
 	fleet     string
 	policy    string
@@ -34,7 +35,8 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Run the whole platform on this machine: an embedded NATS server with
-JetStream, Redis (a redis-server child, or -redis-url), the five services,
+JetStream, Redis (a redis-server child, or -redis-url), the five services
+and the tenant API (the gateway, with a key for tenant dev),
 each with its own NATS user, and a simulated fleet of GPU hosts (one node
 agent each). Ctrl-C stops everything.
 
@@ -55,6 +57,7 @@ Flags:
 	fs.IntVar(&o.monPort, "nats-monitor-port", 8222, "NATS monitoring port (/healthz, /varz, /jsz); a free one is used when taken")
 	fs.StringVar(&o.redisURL, "redis-url", "", "use this Redis instead of starting redis-server")
 	fs.IntVar(&o.redisPort, "redis-port", 6379, "port for the redis-server child; a free one is used when taken")
+	fs.IntVar(&o.apiPort, "api-port", devAPIPort, "port of the tenant API (the gateway) on 127.0.0.1; a free one is used when taken")
 	fs.StringVar(&o.policy, "autoscaler-policy", "", "autoscaler pools and fleet policy file (JSON); see docs/autoscaler.md")
 	fs.StringVar(&o.logLevel, "log-level", "info", "service log level: debug, info, warn, error")
 	fs.StringVar(&o.fleet, "fleet", defaultFleet, "simulated GPU hosts: profile[:count[:spot]],... with profiles "+strings.Join(nodeagent.SimulatedProfiles(), ", "))
@@ -120,6 +123,7 @@ func (s *devStack) printBanner(context.Context) error {
 	if cwd, err := os.Getwd(); err != nil || filepath.Join(cwd, ".shizu") != s.dataDir {
 		devFlag = " -dev-dir " + s.dataDir
 	}
+	s.printAPI(stdout)
 	fmt.Fprintf(stdout, "\nTalk to it from another terminal:\n")
 	tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	for _, l := range [][2]string{

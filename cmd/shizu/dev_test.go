@@ -33,7 +33,7 @@ func TestDevStartsThePlatformAndStopsOnInterrupt(t *testing.T) {
 			ready[m[1]] = m[2]
 		}
 	}
-	for _, svc := range []string{"scheduler", "metering", "autoscaler", "failover", "rtx4090x8-1"} {
+	for _, svc := range []string{"scheduler", "metering", "autoscaler", "failover", "gateway", "rtx4090x8-1"} {
 		url, ok := ready[svc]
 		if !ok {
 			t.Fatalf("%s not listed as ready in:\n%s", svc, strings.Join(d.out, "\n"))
@@ -62,6 +62,23 @@ func TestDevStartsThePlatformAndStopsOnInterrupt(t *testing.T) {
 		t.Fatalf("RENTALS stream: %v", err)
 	}
 	_ = c.Close(t.Context())
+	// The gateway's URL and the dev tenant's key: the banner says where
+	// it saved the key and prints it this once; the key works.
+	key := vals[envAPIKey]
+	if !strings.Contains(strings.Join(d.out, "\n"), "API key of tenant dev saved in "+filepath.Join(data, "env")) ||
+		!strings.Contains(strings.Join(d.out, "\n"), "new key, shown only now: "+key) || !strings.HasPrefix(key, "shz_") {
+		t.Fatalf("the banner does not say where the key is and print it once:\n%s", strings.Join(d.out, "\n"))
+	}
+	api, err := newAPIClient(vals[envAPIURL], key, "", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := api.do(t.Context(), request{method: http.MethodGet, path: "/v1/rentals"}, nil); err != nil {
+		t.Fatalf("the env file's key on the env file's gateway: %v", err)
+	}
+	if fi, err := os.Stat(filepath.Join(data, "env")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("env file mode: %v %v", fi, err)
+	}
 
 	type rental struct {
 		ID       string `json:"rental_id"`
@@ -91,6 +108,10 @@ func TestDevStartsThePlatformAndStopsOnInterrupt(t *testing.T) {
 	// A second start on the same folder: the node agent adopts the
 	// workload, finds its allocation (Redis's append-only file) and keeps it.
 	d2 := startDev(t, "-data", data, "-fleet", "rtx4090x8:1")
+	// The same keys again, not printed again.
+	if vals2 := readEnvFile(filepath.Join(data, "env")); vals2[envAPIKey] != key || strings.Contains(strings.Join(d2.out, "\n"), "shown only now") {
+		t.Fatalf("a restart made a new key (or printed it):\n%s", strings.Join(d2.out, "\n"))
+	}
 	var again rental
 	d2.json(&again, "show", r.ID)
 	if again.State != stateRunning || again.Node != r.Node || again.Attempt != 1 || len(again.Segments) != 1 || again.Segments[0].StoppedAt != nil {

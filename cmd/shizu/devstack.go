@@ -58,6 +58,8 @@ type devStack struct {
 	monPort          int
 	redisURL         string
 	envPath          string
+	apiURL           string
+	keys             devKeys
 
 	units  []serviceUnit
 	fleet  *fleetRunner
@@ -83,7 +85,7 @@ func (s *devStack) start(ctx context.Context) error {
 	for _, step := range []func(context.Context) error{
 		s.openDataDir, s.startNATS, s.provision, s.startRedis,
 		s.configureServices, s.configureFleet, s.startServices, s.startFleet,
-		s.waitReady, s.serveChaos, s.writeEnv, s.printBanner,
+		s.waitReady, s.makeDevKeys, s.serveChaos, s.writeEnv, s.printBanner,
 	} {
 		if err := step(ctx); err != nil {
 			return err
@@ -227,7 +229,7 @@ func (s *devStack) serviceConfig(name string) service.Config {
 	return c
 }
 
-// configureServices builds the configuration of the four services; they
+// configureServices builds the configuration of the five services; they
 // start in startServices.
 func (s *devStack) configureServices(context.Context) error {
 	sched, meter, scale, fail := scheduler.DefaultConfig(), metering.DefaultConfig(), autoscaler.DefaultConfig(), failover.DefaultConfig()
@@ -255,6 +257,7 @@ func (s *devStack) configureServices(context.Context) error {
 		{topology.Metering, meter.Service, func(ctx context.Context) error { return metering.Run(ctx, meter) }},
 		{topology.Autoscaler, scale.Service, func(ctx context.Context) error { return autoscaler.RunWith(ctx, scale, scaleDeps) }},
 		{topology.Failover, fail.Service, func(ctx context.Context) error { return failover.Run(ctx, fail) }},
+		s.gatewayUnit(),
 	}
 	return nil
 }
@@ -294,7 +297,7 @@ func (s *devStack) noteLeftWorkloads() {
 	}
 }
 
-// startServices runs the four services until the stack closes; one that
+// startServices runs the services until the stack closes; one that
 // ends with an error fails the stack.
 func (s *devStack) startServices(context.Context) error {
 	var wg sync.WaitGroup
@@ -356,12 +359,13 @@ func (s *devStack) serveChaos(context.Context) error {
 	return nil
 }
 
-// writeEnv writes the admin's credentials for other tools; a stopped
+// writeEnv writes the admin's credentials for other tools, and the
+// gateway's URL and keys for the tenant verbs; a stopped
 // platform leaves no credentials that point nowhere.
 func (s *devStack) writeEnv(context.Context) error {
 	s.envPath = filepath.Join(s.dataDir, "env")
 	env := fmt.Sprintf("export SHIZU_NATS_URL=%s\nexport SHIZU_NATS_USER=%s\nexport SHIZU_NATS_PASSWORD=%s\nexport SHIZU_REDIS_URL=%s\n",
-		s.natsURL, topology.Admin, s.passwords[topology.Admin], s.redisURL)
+		s.natsURL, topology.Admin, s.passwords[topology.Admin], s.redisURL) + s.devEnvAPI()
 	if err := os.WriteFile(s.envPath, []byte(env), 0o600); err != nil {
 		return fmt.Errorf("env file: %w", err)
 	}

@@ -58,6 +58,7 @@ type devProcess struct {
 	lines   chan string
 	exited  chan error
 	stopped bool // interrupt has seen it exit
+	cfgDir  string
 }
 
 // cli runs one shizu verb against the dev platform and returns its exit
@@ -66,7 +67,10 @@ func (d *devProcess) cli(args ...string) (int, string, string) {
 	d.t.Helper()
 	args = append(args, "-dev-dir", d.dir)
 	cmd := exec.Command(d.bin, args...)
-	cmd.Env = append(os.Environ(), "SHIZU_NATS_URL=", "SHIZU_NATS_USER=", "SHIZU_NATS_PASSWORD=", "SHIZU_REDIS_URL=", "SHIZU_TENANT=e2e")
+	// The tenant verbs use the key shizu dev made for tenant dev (from its
+	// env file), never one of the environment or of a shizu login.
+	cmd.Env = append(os.Environ(), "SHIZU_NATS_URL=", "SHIZU_NATS_USER=", "SHIZU_NATS_PASSWORD=", "SHIZU_REDIS_URL=", "SHIZU_TENANT=dev",
+		"SHIZU_API_URL=", "SHIZU_API_KEY=", "SHIZU_CONFIG_DIR="+d.configDir())
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -81,6 +85,14 @@ func (d *devProcess) cli(args ...string) (int, string, string) {
 		d.t.Fatalf("shizu %v printed a stack trace:\n%s", args, errOut.String())
 	}
 	return code, out.String(), errOut.String()
+}
+
+// configDir is an empty config folder: no shizu login.
+func (d *devProcess) configDir() string {
+	if d.cfgDir == "" {
+		d.cfgDir = d.t.TempDir()
+	}
+	return d.cfgDir
 }
 
 // json runs a verb with -o json, requires success and decodes its output.
@@ -104,7 +116,7 @@ func startDev(t *testing.T, args ...string) *devProcess {
 func startDevWithEnv(t *testing.T, env []string, args ...string) *devProcess {
 	t.Helper()
 	d := &devProcess{t: t, bin: buildShizu(t), stderr: &bytes.Buffer{}, lines: make(chan string, 1000), exited: make(chan error, 1)}
-	d.cmd = exec.Command(d.bin, append([]string{"dev", "-nats-port", "0", "-nats-monitor-port", "0", "-redis-port", "0"}, args...)...)
+	d.cmd = exec.Command(d.bin, append([]string{"dev", "-nats-port", "0", "-nats-monitor-port", "0", "-redis-port", "0", "-api-port", "0"}, args...)...)
 	d.cmd.Env = env
 	stdout, err := d.cmd.StdoutPipe()
 	if err != nil {
@@ -255,7 +267,7 @@ func TestEndToEndThroughTheCLI(t *testing.T) {
 	if code, _, errOut := d.cli("rent", "-fraction", "0.3"); code != 2 || !strings.Contains(errOut, "-vram") {
 		t.Fatalf("fraction without VRAM: exit %d %q", code, errOut)
 	}
-	if code, _, errOut := d.cli("show", "r-missing"); code != 1 || !strings.Contains(errOut, "no rental r-missing") {
+	if code, _, errOut := d.cli("show", "r-missing"); code != exitNotFound || !strings.Contains(errOut, "no rental r-missing") {
 		t.Fatalf("show of an unknown rental: exit %d %q", code, errOut)
 	}
 

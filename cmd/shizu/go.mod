@@ -10,6 +10,7 @@ require (
 	github.com/shizu-gpu/shizu/proto v0.0.0
 	github.com/shizu-gpu/shizu/services/autoscaler v0.0.0
 	github.com/shizu-gpu/shizu/services/failover v0.0.0
+	github.com/shizu-gpu/shizu/services/gateway v0.0.0
 	github.com/shizu-gpu/shizu/services/metering v0.0.0
 	github.com/shizu-gpu/shizu/services/node-agent v0.0.0
 	github.com/shizu-gpu/shizu/services/scheduler v0.0.0
@@ -25,10 +26,13 @@ require (
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/getkin/kin-openapi v0.153.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/go-openapi/jsonpointer v1.0.0 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/gorilla/mux v1.8.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
@@ -43,6 +47,7 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/redis/go-redis/extra/rediscmd/v9 v9.23.0 // indirect
 	github.com/redis/go-redis/extra/redisotel/v9 v9.23.0 // indirect
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3 // indirect
 	github.com/yuin/gopher-lua v1.1.1 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
@@ -57,6 +62,7 @@ require (
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.opentelemetry.io/proto/otlp v1.11.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
+	go.yaml.in/yaml/v4 v4.0.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
@@ -79,3 +85,5 @@ replace github.com/shizu-gpu/shizu/services/autoscaler => ../../services/autosca
 replace github.com/shizu-gpu/shizu/services/failover => ../../services/failover
 
 replace github.com/shizu-gpu/shizu/services/node-agent => ../../services/node-agent
+
+replace github.com/shizu-gpu/shizu/services/gateway => ../../services/gateway

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/gateway/identity"
 	"github.com/shizu-gpu/shizu/shared/benchkit"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/subject"
@@ -136,9 +138,19 @@ func seedPlatform(t *testing.T) (*testkit.Deployment, []string) {
 // every key is snake_case, with the keys a script relies on.
 func TestEveryVerbPrintsSnakeCaseJSON(t *testing.T) {
 	t.Parallel()
-	_, conn := seedPlatform(t)
+	d, conn := seedPlatform(t)
 	ctx := t.Context()
 	conn = append([]string{"-o", "json"}, conn...)
+	// The tenant verbs go through the gateway with a key of acme.
+	gw := startGatewayStackOn(t, d)
+	api := []string{"-o", "json", "-dev-dir", gw.devDirFor(gw.tenantKey("acme", identity.ReadWrite))}
+	testkit.Eventually(t, 10*time.Second, func() error { // the read model folds the seeded events
+		var out, errOut bytes.Buffer
+		if code := run(ctx, append([]string{"show", "r-1"}, api...), &out, &errOut); code != 0 || !strings.Contains(out.String(), `"running"`) {
+			return fmt.Errorf("show r-1: exit %d %s%s", code, out.String(), errOut.String())
+		}
+		return nil
+	})
 	pool := filepath.Join(t.TempDir(), "chat.json")
 	if err := os.WriteFile(pool, []byte(`{"id":"chat","tenant":"acme","rental":{"gpu_count":1,"milli_gpu":1000},
 		"min_replicas":1,"max_replicas":4,"max_step_out":1,"max_step_in":1,
@@ -148,25 +160,30 @@ func TestEveryVerbPrintsSnakeCaseJSON(t *testing.T) {
 	for _, c := range []struct {
 		args []string
 		want []string
+		api  bool // a tenant verb: through the gateway
 	}{
-		{[]string{"ls", "-tenant", "acme"}, []string{"rental_id", "tenant_id", "state", "node", "gpus", "model", "plan", "shape", "since"}},
-		{[]string{"show", "r-1"}, []string{"rental_id", "state", "timeline", "at", "event", "detail", "segments", "started_at"}},
-		{[]string{"bill", "-tenant", "acme"}, []string{"tenant_id", "charges", "amount_micros", "billed_through", "total_micros", "invoices", "invoice_id", "period_start"}},
-		{[]string{"pools"}, []string{"pool_id", "replicas", "decisions", "from", "to", "rule", "observed", "threshold"}},
-		{[]string{"nodes"}, []string{"node_id", "status", "health", "epoch", "gpus", "used_milli", "free_vram_mib", "utilization_percent", "free_milli_gpu"}},
+		{[]string{"ls"}, []string{"rental_id", "tenant_id", "state", "node", "gpus", "model", "plan", "shape", "since"}, true},
+		{[]string{"show", "r-1"}, []string{"rental_id", "state", "timeline", "at", "event", "detail", "segments", "started_at"}, true},
+		{[]string{"bill", "-tenant", "acme"}, []string{"tenant_id", "charges", "amount_micros", "billed_through", "total_micros", "invoices", "invoice_id", "period_start"}, false},
+		{[]string{"pools"}, []string{"pool_id", "replicas", "decisions", "from", "to", "rule", "observed", "threshold"}, false},
+		{[]string{"nodes"}, []string{"node_id", "status", "health", "epoch", "gpus", "used_milli", "free_vram_mib", "utilization_percent", "free_milli_gpu"}, false},
 		{[]string{"advise", "-training-gpu-hours", "16", "-training-gpus", "2"}, []string{"model", "prices", "on_demand_micros", "advice", "blocks",
-			"what", "plan", "start", "end", "gpus", "cost_micros", "total_micros", "all_on_demand_micros", "saving_micros"}},
-		{[]string{"rent", "-tenant", "acme", "-id", "r-2", "-wait", "0", "-label", "Team-Name=x"}, []string{"rental_id", "tenant_id", "state", "plan", "shape"}},
-		{[]string{"stop", "r-2", "-wait", "0"}, []string{"rental_id", "state"}},
-		{[]string{"traffic", "chat", "-rps", "10"}, []string{"pool_id", "samples"}},
-		{[]string{"spot-price", "local", "H100-SXM5-80GB", "2.10"}, []string{"event_id", "zone", "model", "price_per_gpu_hour_micros", "currency"}},
-		{[]string{"pools", "apply", "-f", pool}, []string{"pool_id", "tenant_id", "declared", "min_replicas", "max_replicas", "gpus_per_replica"}},
-		{[]string{"pools", "withdraw", "chat", "-tenant", "acme"}, []string{"pool_id", "tenant_id", "withdrawn"}},
+			"what", "plan", "start", "end", "gpus", "cost_micros", "total_micros", "all_on_demand_micros", "saving_micros"}, false},
+		{[]string{"rent", "-wait", "0", "-label", "Team-Name=x"}, []string{"rental_id", "tenant_id", "state", "plan", "shape"}, true},
+		{[]string{"stop", "r-1", "-wait", "0"}, []string{"rental_id", "state"}, true},
+		{[]string{"traffic", "chat", "-rps", "10"}, []string{"pool_id", "samples"}, false},
+		{[]string{"spot-price", "local", "H100-SXM5-80GB", "2.10"}, []string{"event_id", "zone", "model", "price_per_gpu_hour_micros", "currency"}, false},
+		{[]string{"pools", "apply", "-f", pool}, []string{"pool_id", "tenant_id", "declared", "min_replicas", "max_replicas", "gpus_per_replica"}, false},
+		{[]string{"pools", "withdraw", "chat", "-tenant", "acme"}, []string{"pool_id", "tenant_id", "withdrawn"}, false},
 	} {
 		name := strings.Join(c.args[:min(2, len(c.args))], " ")
 		t.Run(name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			if code := run(ctx, append(slices.Clone(c.args), conn...), &out, &errOut); code != 0 {
+			flags := conn
+			if c.api {
+				flags = api
+			}
+			if code := run(ctx, append(slices.Clone(c.args), flags...), &out, &errOut); code != 0 {
 				t.Fatalf("exit %d: %s", code, errOut.String())
 			}
 			assertSnakeJSON(t, name, out.Bytes(), c.want...)

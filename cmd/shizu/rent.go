@@ -2,25 +2,20 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
-	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/gpumodel"
 	"github.com/shizu-gpu/shizu/shared/rent"
-	"github.com/shizu-gpu/shizu/shared/subject"
-	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
 // pendingGrace is how long `shizu rent` keeps waiting after a rental went
@@ -202,15 +197,9 @@ func modelTokens() []string {
 	return out
 }
 
-func newRentalID() string {
-	b := make([]byte, 5)
-	_, _ = rand.Read(b)
-	return "r-" + hex.EncodeToString(b)
-}
-
 var rentVerb = verb{
 	name:    "rent",
-	summary: "Rent GPUs: publish a rental request and wait briefly for the scheduler's answer.",
+	summary: "Rent GPUs: ask the gateway for a rental and wait briefly for the scheduler's answer.",
 	usage:   "[flags] [-- command args...]",
 	examples: `  shizu rent                                   # one whole GPU, on demand, default command
   shizu rent -gpus 2 -nvlink -model H100-SXM5-80GB -- python train.py
@@ -220,6 +209,7 @@ var rentVerb = verb{
   shizu rent -plan reserved -model H100-SXM5-80GB  # against your H100 commitment
   shizu rent -tee -model H200-SXM5-141GB       # confidential computing
   shizu rent -gpus 8 -pending-timeout 30m      # wait up to 30 minutes for capacity
+  shizu rent -w                                # follow it until it runs (or is rejected)
   shizu rent -o json | jq -r .rental_id
 `,
 	setup: func(fs *flag.FlagSet) func(context.Context, []string, io.Writer) error {
@@ -231,18 +221,22 @@ var rentVerb = verb{
 
 // rentCommand is `shizu rent`: its flags, and what it does with them.
 type rentCommand struct {
-	cf     clientFlags
-	tenant *string
-	id     *string
-	wait   *time.Duration
-	o      rentOptions
+	af      apiFlags
+	tenant  *string
+	id      *string
+	idemKey *string
+	wait    *time.Duration
+	watch   *bool
+	o       rentOptions
 }
 
 func (c *rentCommand) register(fs *flag.FlagSet) {
-	c.cf.register(fs)
-	c.tenant = tenantFlag(fs)
-	c.id = fs.String("id", "", "rental id (default: a fresh r-<random>); reusing one is idempotent")
+	c.af.register(fs)
+	c.tenant = fs.String("tenant", "", "no longer taken: the tenant is the one your API key acts for")
+	c.id = fs.String("id", "", "no longer taken: the platform assigns rental ids (see -idempotency-key)")
+	c.idemKey = fs.String("idempotency-key", "", "Idempotency-Key of the request: a retry with the same key and flags returns the first answer and rents nothing more (default: a fresh one)")
 	c.wait = fs.Duration("wait", 10*time.Second, "how long to wait for the outcome (0: do not wait)")
+	c.watch = fs.Bool("w", false, "follow the rental's events, a line each, until it runs or is rejected (Ctrl-C to leave)")
 	o := &c.o
 	fs.IntVar(&o.gpus, "gpus", 1, "number of GPUs, all on one node")
 	fs.StringVar(&o.fraction, "fraction", "", `share of one GPU: "0.25" or milli-GPU "250m" (needs -vram)`)
@@ -265,51 +259,116 @@ func (c *rentCommand) register(fs *flag.FlagSet) {
 		"how long the rental may wait for capacity before it is rejected, e.g. 30m (default: the scheduler's, 10m; at most its -max-pending-timeout)")
 }
 
-// run publishes the request, follows the rental until it has an outcome
-// (or -wait passes) and reports it.
+// run asks the gateway for the rental, follows its events until it has
+// an outcome (or -wait passes; with -w until it runs or is rejected) and
+// reports it.
 func (c *rentCommand) run(ctx context.Context, args []string, stdout io.Writer) error {
+	switch {
+	case *c.tenant != "":
+		return usagef("-tenant %s: the tenant is the one your API key acts for; use a key of that tenant (shizu login)", *c.tenant)
+	case *c.id != "":
+		return usagef("-id %s: the platform assigns rental ids; to make a retry safe pass the same -idempotency-key", *c.id)
+	}
 	spec, err := c.o.spec(args)
 	if err != nil {
 		return err
 	}
-	rid, tenant := *c.id, *c.tenant
-	if rid == "" {
-		rid = newRentalID()
-	}
-	ev := &shizuv1.RentalRequested{Meta: shizuv1.NewMeta("rental:"+rid+":requested", cliSource, "", rid, time.Now()),
-		RentalId: rid, TenantId: tenant, Spec: spec}
-	if err := ev.Validate(); err != nil {
+	if err := spec.Validate(); err != nil {
 		return invalid(err, rentFields)
 	}
-	subj, err := subject.Format(subject.RentalRequested, tenant)
-	if err != nil {
-		return usagef("-tenant: %w", err)
-	}
-	conn, _, err := c.cf.connect(ctx)
+	api, err := c.af.client()
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	ack, err := conn.Publish(ctx, subj, ev)
-	if err != nil {
-		return fmt.Errorf("publish the request: %w", err)
+	key := *c.idemKey
+	if key == "" {
+		key = newIdempotencyKey()
 	}
-	r := &rentalView{ID: rid, Tenant: tenant, State: stateRequested, Plan: planName(spec.GetPlan()), Shape: shape(spec)}
-	if *c.wait > 0 {
-		if r, err = follow(ctx, conn, tenant, rid, ack.Sequence, *c.wait, rentAnswered()); err != nil {
+	r := &rentalView{}
+	if err := api.do(ctx, request{method: http.MethodPost, path: "/v1/rentals", body: specJSON(spec),
+		header: http.Header{"Idempotency-Key": {key}}}, r); err != nil {
+		return err
+	}
+	switch {
+	case *c.watch:
+		if r, err = c.watchRental(ctx, api, r, stdout); err != nil {
+			return err
+		}
+	case *c.wait > 0:
+		if r, err = followUntil(ctx, api, r, *c.wait, rentAnswered()); err != nil {
 			return err
 		}
 	}
-	if c.cf.output == "json" {
+	if c.af.output == "json" {
 		if err := printJSON(stdout, r); err != nil {
 			return err
 		}
 		if r.State == stateRejected || r.State == stateStopped {
-			return fmt.Errorf("rental %s %s: %s", rid, r.State, r.Why)
+			return fmt.Errorf("rental %s %s: %s", r.ID, r.State, r.Why)
 		}
 		return nil
 	}
+	if *c.watch {
+		return rentOutcomeError(r)
+	}
 	return printRentOutcome(stdout, r, *c.wait)
+}
+
+// watchRental prints a line for each state the rental passes through
+// until it runs, is rejected or stops.
+func (c *rentCommand) watchRental(ctx context.Context, api *apiClient, r *rentalView, stdout io.Writer) (*rentalView, error) {
+	last := ""
+	line := func(r *rentalView) {
+		if c.af.output == "json" || r.State+r.Why == last {
+			return
+		}
+		last = r.State + r.Why
+		fmt.Fprintf(stdout, "%s  %s %s", time.Now().Format("15:04:05"), r.ID, r.State)
+		if r.Node != "" {
+			fmt.Fprintf(stdout, " on %s GPU %s (%s)", r.Node, joinInts(r.GPUs), r.Model)
+		}
+		if r.Why != "" {
+			fmt.Fprintf(stdout, ": %s", r.Why)
+		}
+		fmt.Fprintln(stdout)
+	}
+	line(r)
+	got, err := api.followEvents(ctx, r.ID, func(n *rentalView) bool {
+		line(n)
+		return n.State == stateRunning || n.State == stateRejected || n.State == stateStopped
+	})
+	if got == nil {
+		got = r
+	}
+	return got, err
+}
+
+func rentOutcomeError(r *rentalView) error {
+	switch r.State {
+	case stateRejected:
+		return errors.New("rental " + r.ID + " was rejected")
+	case stateStopped:
+		return errors.New("rental " + r.ID + " stopped at once: " + r.Why)
+	}
+	return nil
+}
+
+// followUntil follows the rental's events until done says so or wait
+// passes, and returns its last state (r when the stream told nothing).
+func followUntil(ctx context.Context, api *apiClient, r *rentalView, wait time.Duration, done func(*rentalView) bool) (*rentalView, error) {
+	if done(r) {
+		return r, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	got, err := api.followEvents(ctx, r.ID, done)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+		err = nil // -wait passed: report the state as it is
+	}
+	if got == nil {
+		got = r
+	}
+	return got, err
 }
 
 // rentAnswered says when `shizu rent` stops following: the rental left
@@ -341,75 +400,57 @@ func printRentOutcome(stdout io.Writer, r *rentalView, wait time.Duration) error
 		fmt.Fprintf(stdout, "%s pending: %s\n", rid, r.Why)
 	case stateRejected:
 		fmt.Fprintf(stdout, "%s rejected: %s\n", rid, r.Why)
-		return errors.New("rental " + rid + " was rejected")
 	case stateStopped:
 		fmt.Fprintf(stdout, "%s started on %s and stopped at once: %s (shizu show %s)\n", rid, r.Node, r.Why, rid)
-		return errors.New("rental " + rid + " stopped at once: " + r.Why)
 	case stateRequested:
 		fmt.Fprintf(stdout, "%s requested; no answer within %s (is the scheduler running?). Follow it with: shizu show %s\n", rid, wait, rid)
 	default:
 		fmt.Fprintf(stdout, "%s %s %s\n", rid, r.State, r.Why)
 	}
-	return nil
+	return rentOutcomeError(r)
 }
 
-// follow reads a rental's events from the RENTALS stream, starting at
-// sequence from, until done says so or wait passes; it returns the view.
-func follow(ctx context.Context, conn *bus.Conn, tenant, rental string, from uint64, wait time.Duration, done func(*rentalView) bool) (*rentalView, error) {
-	filter, err := subject.Format("rental.%s.>", tenant)
-	if err != nil {
-		return nil, err
+// apiSpec is the API's RentalSpec (services/gateway/api/openapi.json):
+// only what the flags set, the rest left to the platform's defaults.
+type apiSpec struct {
+	GPUCount       int32             `json:"gpu_count,omitempty"`
+	MilliGPU       int32             `json:"milli_gpu,omitempty"`
+	VRAMMiB        int64             `json:"vram_mib,omitempty"`
+	AllowedModels  []string          `json:"allowed_models,omitempty"`
+	Interconnect   string            `json:"interconnect,omitempty"`
+	MIGProfile     string            `json:"mig_profile,omitempty"`
+	TEERequired    bool              `json:"tee_required,omitempty"`
+	Zone           string            `json:"zone,omitempty"`
+	Plan           string            `json:"plan,omitempty"`
+	MaxSpotPrice   *apiMoney         `json:"max_spot_price_per_gpu_hour,omitempty"`
+	Priority       int32             `json:"priority,omitempty"`
+	CPUMilli       int64             `json:"cpu_milli,omitempty"`
+	MemoryMiB      int64             `json:"memory_mib,omitempty"`
+	Image          string            `json:"image,omitempty"`
+	Command        []string          `json:"command,omitempty"`
+	CheckpointURI  string            `json:"checkpoint_uri,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	PendingTimeout string            `json:"pending_timeout,omitempty"`
+}
+
+type apiMoney struct {
+	Micros   int64  `json:"micros"`
+	Currency string `json:"currency"`
+}
+
+func specJSON(s *shizuv1.RentalSpec) apiSpec {
+	out := apiSpec{GPUCount: s.GetGpuCount(), MilliGPU: s.GetMilliGpu(), VRAMMiB: s.GetVramMib(), AllowedModels: s.GetAllowedModels(),
+		MIGProfile: s.GetMigProfile(), TEERequired: s.GetTeeRequired(), Zone: s.GetZone(), Plan: planName(s.GetPlan()),
+		Priority: s.GetPriority(), CPUMilli: s.GetCpuMilli(), MemoryMiB: s.GetMemoryMib(), Image: s.GetImage(),
+		Command: s.GetCommand(), CheckpointURI: s.GetCheckpointUri(), Labels: s.GetLabels()}
+	if s.GetInterconnect() == shizuv1.Interconnect_INTERCONNECT_NVLINK {
+		out.Interconnect = "nvlink"
 	}
-	earlier, err := readStream(ctx, conn, topology.StreamRentals, filter)
-	if err != nil {
-		return nil, err
+	if m := s.GetMaxSpotPricePerGpuHour(); m != nil {
+		out.MaxSpotPrice = &apiMoney{Micros: m.GetMicros(), Currency: m.GetCurrency()}
 	}
-	var mine []event
-	keep := func(e event) {
-		if rentalIDOf(e.Msg) == rental {
-			mine = append(mine, e)
-		}
+	if d := s.GetPendingTimeout(); d != nil {
+		out.PendingTimeout = d.AsDuration().String()
 	}
-	last := from
-	for _, e := range earlier {
-		keep(e)
-		last = max(last, e.Seq)
-	}
-	view := func() *rentalView {
-		if rs := rentals(mine); len(rs) > 0 {
-			return rs[0]
-		}
-		return &rentalView{ID: rental, Tenant: tenant, State: stateRequested}
-	}
-	if done(view()) {
-		return view(), nil
-	}
-	cons, err := conn.JetStream().OrderedConsumer(ctx, topology.StreamRentals, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: last + 1})
-	if err != nil {
-		return nil, fmt.Errorf("follow the rental: %w", err)
-	}
-	deadline := time.Now().Add(wait)
-	for time.Now().Before(deadline) {
-		batch, err := cons.Fetch(100, jetstream.FetchMaxWait(min(time.Until(deadline), time.Second)+time.Millisecond))
-		if err != nil {
-			return nil, fmt.Errorf("follow the rental: %w", err)
-		}
-		for m := range batch.Messages() {
-			meta, err := m.Metadata()
-			if err != nil {
-				continue
-			}
-			if ev := decode(m.Headers().Get(bus.HeaderEvent), m.Data()); ev != nil {
-				keep(event{Seq: meta.Sequence.Stream, Subject: m.Subject(), Msg: ev})
-			}
-		}
-		if done(view()) {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-	}
-	return view(), nil
+	return out
 }

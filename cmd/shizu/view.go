@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
@@ -65,9 +64,6 @@ func (r rentalView) MarshalJSON() ([]byte, error) {
 		Model: r.Model, Plan: r.Plan, Shape: r.Shape, Attempt: r.Attempt, Since: r.Since, Segments: r.Segments, Timeline: r.Timeline})
 }
 
-// shape says what a spec asks for, briefly: "2x GPU NVLink", "0.25 GPU 20480MiB".
-func shape(s *shizuv1.RentalSpec) string { return rentalview.Shape(s) }
-
 func milliString(m int32) string {
 	s := fmt.Sprintf("%d.%03d", m/1000, m%1000)
 	return strings.TrimRight(strings.TrimRight(s, "0"), ".")
@@ -82,50 +78,12 @@ func ts(t *timestamppb.Timestamp) time.Time {
 	return t.AsTime().UTC()
 }
 
-// rentals folds rental events into one view per rental, in order of first
-// appearance, with what the events say in people's words.
-func rentals(events []event) []*rentalView {
-	byID := map[string]*rentalView{}
-	var order []*rentalView
-	for _, e := range events {
-		m, ok := e.Msg.(interface {
-			GetRentalId() string
-			GetTenantId() string
-		})
-		if !ok {
-			continue
-		}
-		r := byID[m.GetRentalId()]
-		if r == nil {
-			if !rentalview.Folds(e.Msg) {
-				continue
-			}
-			r = &rentalView{ID: m.GetRentalId(), Tenant: m.GetTenantId(), State: stateRequested}
-			byID[r.ID] = r
-			order = append(order, r)
-		}
-		rentalview.Apply((*rentalview.Rental)(r), e.Msg, ts(metaOf(e.Msg).GetOccurredAt()))
-	}
-	for _, r := range order {
-		r.inPeoplesWords()
-	}
-	return order
-}
-
 func joinInts(xs []int32) string {
 	parts := make([]string, len(xs))
 	for i, x := range xs {
 		parts[i] = fmt.Sprint(x)
 	}
 	return strings.Join(parts, ",")
-}
-
-// metaOf returns an event's envelope.
-func metaOf(m proto.Message) *shizuv1.EventMeta {
-	if g, ok := m.(interface{ GetMeta() *shizuv1.EventMeta }); ok {
-		return g.GetMeta()
-	}
-	return nil
 }
 
 // charge is what one rental has been billed so far.

@@ -309,10 +309,11 @@ func TestClientResolvesCredentialsFromTheDevEnvFile(t *testing.T) {
 
 func TestVerbsFailInOneLine(t *testing.T) {
 	// Not parallel: sets the environment.
-	for _, k := range []string{"SHIZU_NATS_URL", "SHIZU_NATS_USER", "SHIZU_NATS_PASSWORD", "SHIZU_REDIS_URL"} {
+	for _, k := range []string{"SHIZU_NATS_URL", "SHIZU_NATS_USER", "SHIZU_NATS_PASSWORD", "SHIZU_REDIS_URL", envAPIURL, envAPIKey} {
 		t.Setenv(k, "")
 	}
 	empty := t.TempDir()
+	t.Setenv(envConfigDir, empty) // no shizu login
 	cases := []struct {
 		name string
 		args []string
@@ -323,7 +324,7 @@ func TestVerbsFailInOneLine(t *testing.T) {
 		{"rent refuses an NVLink MIG slice", []string{"rent", "-gpus", "2", "-nvlink", "-mig", "1g.10gb"}, 2, "-mig 1g.10gb is one whole MIG slice"},
 		{"rent refuses a spot cap on demand", []string{"rent", "-max-price", "1.0"}, 2, "a maximum price is only for -plan spot"},
 		{"rent refuses an unknown flag", []string{"rent", "-gpu", "2"}, 2, "flag provided but not defined"},
-		{"ls without a platform says how to start one", []string{"ls", "-dev-dir", empty}, 1, "start one with `shizu dev`"},
+		{"ls without a key says to log in or start shizu dev", []string{"ls", "-dev-dir", empty}, 1, "run `shizu login` with your key (or start `shizu dev`"},
 		{"an unreachable server says how to start one", []string{"bill", "-nats-url", "nats://127.0.0.1:1"}, 1, "start it with `shizu dev`"},
 		{"show wants a rental id", []string{"show"}, 2, "want one rental id"},
 		{"chaos wants a known action", []string{"chaos", "melt", "n1"}, 2, "unknown action"},

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -12,7 +13,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
+	"github.com/shizu-gpu/shizu/services/gateway/identity"
 	"github.com/shizu-gpu/shizu/shared/subject"
+	"github.com/shizu-gpu/shizu/shared/testkit"
 )
 
 // leaked finds what must not reach people: an enum value name of the
@@ -138,12 +141,29 @@ func TestTablesAndErrorsSpeakPeoplesWords(t *testing.T) {
 		Health: shizuv1.Health_HEALTH_DEGRADED, Xid: 31})
 	publish(subject.NodeLost, "n1", &shizuv1.NodeLost{Meta: meta("l1", now), NodeId: "n1", FencedEpoch: 1,
 		Reason: shizuv1.NodeLostReason_NODE_LOST_REASON_HEARTBEAT_EXPIRED})
+	// The tenant verbs go through the gateway with a key of acme.
+	gw := startGatewayStackOn(t, d)
+	api := []string{"-dev-dir", gw.devDirFor(gw.tenantKey("acme", identity.ReadWrite))}
+	flagsOf := func(args []string) []string {
+		switch args[0] {
+		case "rent", "ls", "show", "stop":
+			return api
+		}
+		return conn
+	}
+	testkit.Eventually(t, 10*time.Second, func() error { // the read model folds the seeded events
+		var out, errOut bytes.Buffer
+		if code := run(ctx, append([]string{"show", "r-2"}, api...), &out, &errOut); code != 0 || !strings.Contains(out.String(), "rejected") {
+			return fmt.Errorf("show r-2: exit %d %s%s", code, out.String(), errOut.String())
+		}
+		return nil
+	})
 	for _, c := range []struct {
 		args []string
 		want []string
 	}{
-		{[]string{"ls", "-tenant", "acme"}, []string{"invalid spec: -mig:", "needs -gpus 1, -fraction 1000m and no NVLink", "-plan: spot"}},
-		{[]string{"ls", "-tenant", "acme", "-o", "json"}, []string{"invalid spec: -mig:"}},
+		{[]string{"ls"}, []string{"invalid spec: -mig:", "needs -gpus 1, -fraction 1000m and no NVLink", "-plan: spot"}},
+		{[]string{"ls", "-o", "json"}, []string{"invalid spec: -mig:"}},
 		{[]string{"show", "r-2"}, []string{"spot price above max: spot price above -max-price", "rejected", "-plan: spot"}},
 		{[]string{"show", "r-2", "-o", "json"}, []string{"spot price above max"}},
 		{[]string{"stop", "r-2"}, []string{"r-2 is already rejected (invalid spec: -mig:"}},
@@ -152,7 +172,7 @@ func TestTablesAndErrorsSpeakPeoplesWords(t *testing.T) {
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			if code := run(ctx, append(slices.Clone(c.args), conn...), &out, &errOut); code != 0 {
+			if code := run(ctx, append(slices.Clone(c.args), flagsOf(c.args)...), &out, &errOut); code != 0 {
 				t.Fatalf("exit %d: %s", code, errOut.String())
 			}
 			said := out.String()
@@ -182,7 +202,7 @@ func TestTablesAndErrorsSpeakPeoplesWords(t *testing.T) {
 		{"spot-price", "local", "H100-SXM5-80GB", "2.10", "-at", "2026-01-01T00:00:00Z", "-currency", "usd"},
 	} {
 		var out, errOut bytes.Buffer
-		code := run(ctx, append(args, conn...), &out, &errOut)
+		code := run(ctx, append(args, flagsOf(args)...), &out, &errOut)
 		if code != 2 || strings.Count(strings.TrimSpace(errOut.String()), "\n") != 0 {
 			t.Errorf("%v: exit %d, stderr %q; want exit 2 and one line", args, code, errOut.String())
 		}

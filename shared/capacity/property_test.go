@@ -30,6 +30,13 @@ func sameOutcome(got, want error) error {
 	if got == nil {
 		return nil
 	}
+	var gq, wq *capacity.QuotaError
+	if errors.As(want, &wq) {
+		if !errors.As(got, &gq) || *gq != *wq {
+			return fmt.Errorf("store says %s, model %s", errText(got), errText(want))
+		}
+		return nil
+	}
 	var gi, wi *capacity.InsufficientError
 	if errors.As(want, &wi) {
 		if !errors.As(got, &gi) || *gi != *wi {
@@ -67,9 +74,10 @@ func nodeVariant(id string, v int) capacity.Node {
 		n.GPUs[1].VRAMMiB = 40 * 1024
 		n.GPUs[1].MaxSharers = 2
 		return n
-	case 2: // a third GPU, not MIG-capable
+	case 2: // a third GPU, not MIG-capable, of another model
 		n := gpuNode(id, 3)
 		n.GPUs[2].MIGCapable = false
+		n.GPUs[2].Model = "L4-24GB"
 		return n
 	case 3: // a single GPU on a small host
 		n := gpuNode(id, 1)
@@ -94,6 +102,7 @@ func nodeVariant(id string, v int) capacity.Node {
 var (
 	propNodes   = []string{"n0", "n1", "n2"}
 	propRentals = []string{"r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9"}
+	propTenants = []string{"acme", "globex"}
 )
 
 func TestStoreMatchesModel(t *testing.T) {
@@ -133,7 +142,7 @@ func TestStoreMatchesModel(t *testing.T) {
 				RentalID:  rental(rt),
 				NodeID:    nodeID,
 				Epoch:     epoch,
-				Tenant:    "acme",
+				Tenant:    rapid.SampledFrom(propTenants).Draw(rt, "tenant"),
 				CPUMilli:  rapid.Int64Range(0, 20_000).Draw(rt, "cpu"),
 				MemoryMiB: rapid.Int64Range(0, 200*1024).Draw(rt, "mem"),
 			}
@@ -149,6 +158,13 @@ func TestStoreMatchesModel(t *testing.T) {
 					g.MIGInstance = "MIG-" + nodeID + "-" + rapid.SampledFrom([]string{"1a", "1b", "1c", "0a"}).Draw(rt, "instance")
 				}
 				p.GPUs = append(p.GPUs, g)
+			}
+			if rapid.IntRange(0, 2).Draw(rt, "with quota") == 0 {
+				p.Quota = &capacity.Quota{MaxGPUs: rapid.Int64Range(0, 3).Draw(rt, "max gpus")}
+				if rapid.Bool().Draw(rt, "model cap") {
+					m := rapid.SampledFrom([]string{"H100-SXM-80GB", "L4-24GB"}).Draw(rt, "capped model")
+					p.Quota.PerModel = map[string]int64{m: rapid.Int64Range(0, 2).Draw(rt, "model max")}
+				}
 			}
 			a, err := s.Reserve(ctx, p)
 			wa, werr := m.Reserve(ctx, p)
@@ -260,6 +276,11 @@ func TestStoreMatchesModel(t *testing.T) {
 					if !reflect.DeepEqual(got, exp) {
 						rt.Fatalf("node %s:\n store %+v\n model %+v", st.ID, got, exp)
 					}
+				}
+				for _, tenant := range propTenants {
+					u, err := s.Usage(ctx, tenant)
+					wu, werr := m.Usage(ctx, tenant)
+					same(rt, "usage of "+tenant, u, wu, err, werr)
 				}
 				for _, r := range propRentals {
 					a, err := s.Allocation(ctx, r)

@@ -48,13 +48,6 @@ type Quota struct {
 // MaxQuotaGPUs bounds a Quota's limits (so milli-GPU stay exact in Lua).
 const MaxQuotaGPUs = MaxQuantity / MilliPerGPU
 
-// Validate reports every problem with q.
-func (q Quota) Validate() error {
-	var p problems
-	q.check(&p, "Quota")
-	return invalid(p...)
-}
-
 func (q Quota) check(p *problems, field string) {
 	if q.MaxGPUs < 0 || q.MaxGPUs > MaxQuotaGPUs {
 		p.addf(field+".MaxGPUs", "must be in 0..%d, got %d", int64(MaxQuotaGPUs), q.MaxGPUs)
@@ -114,16 +107,6 @@ func FormatGPUs(milli int64) string {
 type Usage struct {
 	MilliGPU int64
 	PerModel map[string]int64 // absent models hold none
-}
-
-// usageField is the usage hash's field of a tenant's total, or with a
-// model of its total on that model: neither a tenant nor a model has a
-// space in it (Validate), so the two never collide.
-func usageField(tenant, model string) string {
-	if model == "" {
-		return tenant
-	}
-	return tenant + " " + model
 }
 
 // Usage reads what tenant holds now.

@@ -17,14 +17,16 @@ import (
 func Users(users []topology.User, password func(name string) string) []*server.User {
 	out := make([]*server.User, 0, len(users))
 	for _, u := range users {
-		out = append(out, &server.User{
-			Username: u.Name,
-			Password: password(u.Name),
-			Permissions: &server.Permissions{
-				Publish:   &server.SubjectPermission{Allow: u.Permissions.Publish},
-				Subscribe: &server.SubjectPermission{Allow: u.Permissions.Subscribe},
-			},
-		})
+		perms := &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: u.Permissions.Publish},
+			Subscribe: &server.SubjectPermission{Allow: u.Permissions.Subscribe},
+		}
+		if u.Permissions.Responses {
+			// As allow_responses: true in deploy/nats/users.conf.
+			perms.Response = &server.ResponsePermission{MaxMsgs: server.DEFAULT_ALLOW_RESPONSE_MAX_MSGS,
+				Expires: server.DEFAULT_ALLOW_RESPONSE_EXPIRATION}
+		}
+		out = append(out, &server.User{Username: u.Name, Password: password(u.Name), Permissions: perms})
 	}
 	return out
 }

@@ -225,3 +225,52 @@ func TestBadArgumentsAreRefusedNamingWhatIsWrong(t *testing.T) {
 		}
 	}
 }
+
+// A service whose topology says ReadsLogs can tail and follow with exactly
+// the permissions that gives; one without cannot.
+func TestAServiceThatReadsLogsNeedsNoMoreThanItsDeclaredPermissions(t *testing.T) {
+	t.Parallel()
+	reader := topology.Service{Name: "log-reader", ReadsLogs: true}
+	pw := func(u string) string { return "pw-" + u }
+	users := append(topology.Users(), topology.User{Name: reader.Name, Permissions: reader.Permissions()})
+	n := testkit.StartNATS(t, testkit.WithUsers(users, pw))
+	connect := func(user string) *bus.Conn {
+		c, err := bus.Connect(t.Context(), bus.Config{URL: n.URL, User: user, Password: pw(user)}, bus.Instruments{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close(context.WithoutCancel(t.Context())) })
+		return c
+	}
+	admin := connect(topology.Admin)
+	if err := admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
+		t.Fatal(err)
+	}
+	s := &shipper{conn: admin, tenant: "acme", rental: "r-6", node: "n1"}
+	s.ship(t, 0, false, "one")
+	s.ship(t, 0, false, "two")
+
+	js := connect(reader.Name).JetStream()
+	got, cursor, err := rentallogs.Tail(t.Context(), js, "acme", "r-6", 10)
+	if err != nil || fmt.Sprint(texts(got)) != "[one two]" {
+		t.Fatalf("Tail as %s = %q, %v", reader.Name, texts(got), err)
+	}
+	s.ship(t, 0, false, "three")
+	var followed []string
+	err = rentallogs.Follow(t.Context(), js, "acme", "r-6", cursor, func(l rentallogs.Line) error {
+		followed = append(followed, l.Text)
+		return rentallogs.ErrStop
+	})
+	if err != nil || fmt.Sprint(followed) != "[three]" {
+		t.Fatalf("Follow as %s = %q, %v", reader.Name, followed, err)
+	}
+	if n := consumers(t, admin); n != 0 {
+		t.Fatalf("%d consumers left on LOGS by %s", n, reader.Name)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	if _, _, err := rentallogs.Tail(ctx, connect(topology.NodeAgent).JetStream(), "acme", "r-6", 10); err == nil {
+		t.Fatal("the node agent, which does not read logs, could tail them")
+	}
+}

@@ -97,6 +97,19 @@ const (
 	SpotPriceChanged      = "spot.%s.%s.price"
 )
 
+// Money queries metering answers by request-reply (JSON, shared/billing):
+// metering.<tenant>.<query>. The tenant is the subject's, never the
+// body's; no stream stores them.
+const (
+	MeteringQueryAll = "metering.*.*"
+	UsageQueryAll    = "metering.*.usage"
+	UsageQuery       = "metering.%s.usage"
+	InvoicesQueryAll = "metering.*.invoices"
+	InvoicesQuery    = "metering.%s.invoices"
+	BudgetQueryAll   = "metering.*.budget"
+	BudgetQuery      = "metering.%s.budget"
+)
+
 // Audit records of the tenant API: audit.<tenant>.<action>, one per
 // state-changing call the gateway answered (the tenant "operator" for an
 // operator key's calls).
@@ -111,9 +124,8 @@ const (
 // (log.<tenant>.>) stays valid. Each message is one batch of lines of one
 // run of the rental (shizuv1.RentalLogBatch).
 const (
-	LogAll       = "log.*.*"
-	LogForTenant = "log.%s.*"
-	Log          = "log.%s.%s"
+	LogAll = "log.*.*"
+	Log    = "log.%s.%s"
 )
 
 // Dead letters: dlq.<stream>.<consumer>. The server's advisory that a

@@ -42,6 +42,9 @@ func TestDeployedNATSConfigLoadsTheTopologyUsers(t *testing.T) {
 		if u.Permissions == nil || !slices.Equal(u.Permissions.Publish.Allow, want.Permissions.Publish) {
 			t.Errorf("user %s: publish permissions differ from the topology", want.Name)
 		}
+		if u.Permissions != nil && (u.Permissions.Response != nil) != want.Permissions.Responses {
+			t.Errorf("user %s: allow_responses %v, the topology says %v", want.Name, u.Permissions.Response != nil, want.Permissions.Responses)
+		}
 	}
 	if opts.SystemAccount != topology.SystemAccount {
 		t.Errorf("system account %q, want %q", opts.SystemAccount, topology.SystemAccount)

@@ -13,15 +13,20 @@ import (
 type Permissions struct {
 	Publish   []string
 	Subscribe []string
+	// Responses lets the user publish one reply to each request it
+	// received (nats-server's allow_responses), for its Answers.
+	Responses bool
 }
 
 // Permissions derives the least privilege s needs: its event subjects, the
 // JetStream API calls for its own consumers (create, info, next, ack), the
-// dead-letter subjects of those consumers, and heartbeat access. Replies
-// arrive on _INBOX.
+// dead-letter subjects of those consumers, heartbeat and bucket access,
+// the requests it answers (subscribe, and one reply each) and those it
+// asks. Replies arrive on _INBOX.
 func (s Service) Permissions() Permissions {
 	pub := slices.Clone(s.Publishes)
 	pub = append(pub, "$JS.API.INFO")
+	pub = append(pub, s.Asks...)
 	streams := map[string]bool{}
 	durables := make([]StreamConsumer, 0, len(s.Consumers)+len(s.ConsumerPrefixes))
 	for _, c := range s.Consumers {
@@ -64,17 +69,36 @@ func (s Service) Permissions() Permissions {
 			"$JS.API.CONSUMER.CREATE."+kvStream+".>", "$JS.API.CONSUMER.DELETE."+kvStream+".>",
 			"$JS.API.CONSUMER.INFO."+kvStream+".>", "$JS.FC."+kvStream+".>")
 	}
-	for _, b := range s.Buckets {
-		pub = append(pub, b.permissions()...)
-	}
 	if s.ReadsLogs {
 		pub = append(pub, logReader()...)
+	}
+	for _, b := range s.Buckets {
+		pub = append(pub, b.permissions()...)
 	}
 	for _, st := range s.Reads {
 		pub = append(pub, "$JS.API.STREAM.INFO."+st, "$JS.API.DIRECT.GET."+st, "$JS.API.DIRECT.GET."+st+".>", "$JS.API.STREAM.MSG.GET."+st)
 	}
 	slices.Sort(pub)
-	return Permissions{Publish: slices.Compact(pub), Subscribe: []string{"_INBOX.>"}}
+	sub := append([]string{"_INBOX.>"}, s.Answers...)
+	return Permissions{Publish: slices.Compact(pub), Subscribe: sub, Responses: len(s.Answers) > 0}
+}
+
+// logReader is what shared/rentallogs needs on LOGS: the stream's info,
+// direct gets (the last message of a subject, and the next one from a
+// sequence), and ephemeral ordered consumers (create with a filter, pull,
+// info, delete). None of it can change or purge the stream.
+func logReader() []string {
+	return []string{
+		"$JS.API.STREAM.INFO." + StreamLogs,
+		"$JS.API.DIRECT.GET." + StreamLogs,
+		"$JS.API.DIRECT.GET." + StreamLogs + ".>",
+		// With its one filter in the subject (as nats.go sends it), so a
+		// later per-tenant reader can be narrowed to log.<tenant>.*.
+		"$JS.API.CONSUMER.CREATE." + StreamLogs + ".*." + subject.LogAll,
+		"$JS.API.CONSUMER.INFO." + StreamLogs + ".*",
+		"$JS.API.CONSUMER.MSG.NEXT." + StreamLogs + ".*",
+		"$JS.API.CONSUMER.DELETE." + StreamLogs + ".*",
+	}
 }
 
 // AdminPermissions allow everything.
@@ -122,6 +146,9 @@ func UsersConf() string {
 		fmt.Fprintf(&b, "    {\n      user: %q\n      password: $%s\n      permissions: {\n", u.Name, PasswordVar(u.Name))
 		writeList(&b, "publish", u.Permissions.Publish)
 		writeList(&b, "subscribe", u.Permissions.Subscribe)
+		if u.Permissions.Responses {
+			b.WriteString("        allow_responses: true\n")
+		}
 		b.WriteString("      }\n    }\n")
 	}
 	b.WriteString("  ]\n}\n")
@@ -169,14 +196,4 @@ func (b BucketAccess) permissions() []string {
 		out = append(out, "$KV."+b.Bucket+".>", "$JS.API.STREAM.CREATE."+st, "$JS.API.STREAM.UPDATE."+st)
 	}
 	return out
-}
-
-// logReader are the API subjects shared/rentallogs uses on LOGS: stream
-// info, direct and plain gets (Tail), and an ordered consumer's create,
-// info, next, flow control and delete (Follow).
-func logReader() []string {
-	st := StreamLogs
-	return []string{"$JS.API.STREAM.INFO." + st, "$JS.API.DIRECT.GET." + st, "$JS.API.DIRECT.GET." + st + ".>",
-		"$JS.API.STREAM.MSG.GET." + st, "$JS.API.CONSUMER.CREATE." + st + ".>", "$JS.API.CONSUMER.DELETE." + st + ".>",
-		"$JS.API.CONSUMER.INFO." + st + ".>", "$JS.API.CONSUMER.MSG.NEXT." + st + ".>", "$JS.FC." + st + ".>"}
 }

@@ -144,19 +144,25 @@ type Service struct {
 	// Consumers are the durables it pulls from.
 	Consumers []bus.Consumer
 	// ConsumerPrefixes are durable name prefixes it may create per instance
-	// (e.g. one agent-<node> durable per node) on a stream.
+	// (e.g. one agent-<node> durable per node) on a stream, or durables it
+	// declares itself.
 	ConsumerPrefixes []StreamConsumer
 	Heartbeats       HeartbeatAccess
+	// ReadsLogs lets the service read rentals' output from LOGS as
+	// shared/rentallogs does (direct gets, ordered consumers it deletes).
+	ReadsLogs bool
 	// Buckets are the KV buckets (other than the heartbeats) it uses.
 	Buckets []BucketAccess
-	// ReadsLogs lets it read rentals' output from LOGS as shared/rentallogs
-	// does: direct gets by subject (Tail) and ordered consumers it deletes
-	// (Follow). The permission is for every tenant's subject; the service
-	// names the tenant itself.
-	ReadsLogs bool
 	// Reads are streams it reads by subject: stream info (with a subject
 	// filter) and last or numbered messages, no consumer.
 	Reads []string
+	// Answers are request subjects (subscribe forms, in no stream) it
+	// answers in a queue group named after it: it subscribes to them and
+	// may publish one reply to each request it receives.
+	Answers []string
+	// Asks are request subjects (subscribe forms) it may send requests on;
+	// replies arrive on _INBOX.
+	Asks []string
 }
 
 // BucketAccess is a service's use of a KV bucket: Writes creates it and
@@ -227,6 +233,9 @@ func Services() []Service {
 			Name:      Metering,
 			Publishes: []string{subject.UsageRecordedAll, subject.UsageBudgetCrossedAll, subject.InvoiceClosedAll},
 			Buckets:   []BucketAccess{{Bucket: BudgetsBucket, Writes: true}},
+			// Usage, invoices and budgets of a tenant, from its aggregates
+			// and the BILLING stream (services/metering/app/query.go).
+			Answers: []string{subject.UsageQueryAll, subject.InvoicesQueryAll, subject.BudgetQueryAll},
 			Consumers: []bus.Consumer{
 				// RentalScheduled carries the spec, model and zone a rental is
 				// priced by; started/stopped carry the billing times.
@@ -291,9 +300,15 @@ func Services() []Service {
 				// autoscaler refuses another tenant's) and their traffic.
 				subject.ScalePoolDeclaredAll, subject.TrafficSampleAll},
 			// Every replica runs the rental read model's projector on one
-			// shared durable (shared/rentalview).
-			Consumers: []bus.Consumer{{Stream: StreamRentals, Durable: RentalViewDurable, FilterSubjects: []string{subject.RentalAll}}},
-			Buckets:   []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true}, {Bucket: RentalViewBucket, Writes: true}},
+			// shared durable, which shared/rentalview declares itself (a
+			// pinned priority group; it skips what it cannot fold rather
+			// than dead-lettering it, so it is no bus.Consumer: what walks
+			// every service's Consumers, such as the fault harness's wait
+			// for every durable, must not wait for a gateway it does not run).
+			ConsumerPrefixes: []StreamConsumer{{Stream: StreamRentals, Durable: RentalViewDurable}},
+			Buckets:          []BucketAccess{{Bucket: IdentityBucket, Writes: true}, {Bucket: IdempotencyBucket, Writes: true}, {Bucket: RentalViewBucket, Writes: true}},
+			// Money is metering's to answer (usage, invoices, budgets).
+			Asks: []string{subject.UsageQueryAll, subject.InvoicesQueryAll, subject.BudgetQueryAll},
 			// GET /v1/rentals/{id}/logs, for the key's tenant's rental only.
 			ReadsLogs: true,
 			// GET /v1/pools: the tenant's declarations and last decisions.
@@ -315,3 +330,7 @@ func ServiceNamed(name string) (Service, bool) {
 	}
 	return Service{}, false
 }
+
+// QueueGroup is the queue group a service's replicas answer its Answers
+// in: each request reaches one replica.
+func QueueGroup(service string) string { return service }

@@ -143,6 +143,31 @@ func TestTheNodeAgentMayPublishRentalLogsAndNothingElseInTheLogStream(t *testing
 	}
 }
 
+func TestALogReaderMayReadButNeitherWriteNorPurgeLogs(t *testing.T) {
+	t.Parallel()
+	p := topology.Service{Name: "reader", ReadsLogs: true}.Permissions()
+	allowed := func(subj string) bool {
+		for _, pat := range p.Publish {
+			if subject.Matches(pat, subj) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, subj := range []string{"$JS.API.STREAM.INFO.LOGS", "$JS.API.DIRECT.GET.LOGS", "$JS.API.DIRECT.GET.LOGS.log.acme.r-1",
+		"$JS.API.CONSUMER.CREATE.LOGS.oc_1.log.acme.r-1", "$JS.API.CONSUMER.MSG.NEXT.LOGS.oc_1", "$JS.API.CONSUMER.DELETE.LOGS.oc_1"} {
+		if !allowed(subj) {
+			t.Errorf("a log reader may not publish %s", subj)
+		}
+	}
+	for _, subj := range []string{"log.acme.r-1", "$JS.API.STREAM.PURGE.LOGS", "$JS.API.STREAM.MSG.DELETE.LOGS",
+		"$JS.API.STREAM.UPDATE.LOGS", "$JS.API.CONSUMER.CREATE.LOGS.oc_1", "$JS.API.CONSUMER.CREATE.RENTALS.oc_1.rental.acme.started"} {
+		if allowed(subj) {
+			t.Errorf("a log reader may publish %s; it should not", subj)
+		}
+	}
+}
+
 func TestTheLogStreamIsBoundedPerRentalAndInAll(t *testing.T) {
 	t.Parallel()
 	for _, s := range topology.Streams(1) {
@@ -195,7 +220,7 @@ func TestTheGatewayMayPublishForTenantsAndUseItsBucketsOnly(t *testing.T) {
 	for _, subj := range []string{"rental.acme.requested", "rental.acme.cancel_requested", "audit.acme.rental_create",
 		"$KV.IDENTITY.key.k1", "$KV.IDEMPOTENCY.x.y", "$KV.RENTAL_VIEW.acme.r-1", "$JS.API.STREAM.CREATE.KV_IDENTITY",
 		"$JS.API.CONSUMER.MSG.NEXT.RENTALS.rentalview", "$JS.API.DIRECT.GET.KV_RENTAL_VIEW.$KV.RENTAL_VIEW.acme.r-1",
-		"$JS.API.DIRECT.GET.LOGS.log.acme.r-1", "$JS.API.STREAM.MSG.GET.LOGS", "$JS.API.CONSUMER.DELETE.LOGS.oc1",
+		"$JS.API.DIRECT.GET.LOGS.log.acme.r-1", "$JS.API.CONSUMER.DELETE.LOGS.oc1",
 		"scale.acme_chat.declared", "traffic.acme_chat.sample", "$JS.API.STREAM.MSG.GET.SCALING", "$JS.API.STREAM.INFO.SCALING"} {
 		if !allowed(subj) {
 			t.Errorf("gateway may not publish %s", subj)
@@ -213,5 +238,42 @@ func TestTheGatewayMayPublishForTenantsAndUseItsBucketsOnly(t *testing.T) {
 		if err := b.Validate(); err != nil {
 			t.Errorf("bucket %s: %v", b.Name, err)
 		}
+	}
+}
+
+// Money queries are request-reply: metering answers them (it subscribes
+// and may reply once per request), the gateway asks them, and no stream
+// stores them.
+func TestMoneyQueriesAreAnsweredByMeteringAndAskedByTheGateway(t *testing.T) {
+	t.Parallel()
+	m, _ := topology.ServiceNamed(topology.Metering)
+	gw, _ := topology.ServiceNamed(topology.Gateway)
+	mp, gp := m.Permissions(), gw.Permissions()
+	matches := func(pats []string, subj string) bool {
+		for _, p := range pats {
+			if subject.Matches(p, subj) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, q := range []string{"metering.acme.usage", "metering.acme.invoices", "metering.acme.budget"} {
+		if !matches(mp.Subscribe, q) || matches(mp.Publish, q) {
+			t.Errorf("metering: subscribe %s %v, publish %v; want subscribe only", q, matches(mp.Subscribe, q), matches(mp.Publish, q))
+		}
+		if !matches(gp.Publish, q) || matches(gp.Subscribe, q) {
+			t.Errorf("gateway: publish %s %v, subscribe %v; want publish only", q, matches(gp.Publish, q), matches(gp.Subscribe, q))
+		}
+		for _, s := range topology.Streams(1) {
+			if matches(s.Subjects, q) {
+				t.Errorf("stream %s stores the query %s", s.Name, q)
+			}
+		}
+	}
+	if !mp.Responses || gp.Responses {
+		t.Errorf("responses: metering %v, gateway %v; want metering only", mp.Responses, gp.Responses)
+	}
+	if topology.QueueGroup(topology.Metering) != "metering" {
+		t.Errorf("queue group %q", topology.QueueGroup(topology.Metering))
 	}
 }

@@ -27,6 +27,7 @@ import (
 	scheduler "github.com/shizu-gpu/shizu/services/scheduler/app"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/quota"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/testkit"
@@ -124,7 +125,13 @@ func newStack(t testing.TB, cfg stackConfig) *stack {
 	if err := s.admin.EnsureStreams(t.Context(), topology.Streams(1)...); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := quota.Ensure(t.Context(), s.admin.JetStream(), 1); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.admin.EnsureHeartbeats(t.Context(), topology.Heartbeats(1, heartbeatTTL)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := quota.Ensure(t.Context(), s.admin.JetStream(), 1); err != nil {
 		t.Fatal(err)
 	}
 	if s.store, err = capacity.New(s.redis.Client(t)); err != nil {

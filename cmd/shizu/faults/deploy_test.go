@@ -18,6 +18,7 @@ import (
 
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/capacity"
+	"github.com/shizu-gpu/shizu/shared/quota"
 	"github.com/shizu-gpu/shizu/shared/service"
 	"github.com/shizu-gpu/shizu/shared/testkit"
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -222,6 +223,9 @@ func (d *deployment) provision() {
 		d.t.Fatal(err)
 	}
 	if _, err := d.admin.EnsureHeartbeats(d.t.Context(), topology.Heartbeats(1, heartbeatTTL)); err != nil {
+		d.t.Fatal(err)
+	}
+	if _, err := quota.Ensure(d.t.Context(), d.admin.JetStream(), 1); err != nil {
 		d.t.Fatal(err)
 	}
 }

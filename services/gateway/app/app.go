@@ -31,7 +31,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defer done()
 		_ = rt.Close(closeCtx)
 	}()
-	g, err := Open(runCtx, rt.Bus, cfg.Options, rt.Log)
+	g, err := Open(runCtx, rt.Bus, cfg.Options, rt.Log, rt.Telemetry.MeterProvider())
 	if err != nil {
 		return err
 	}
@@ -50,6 +50,9 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() { served <- srv.Serve(ln) }()
 	rt.SetReady(true)
 	rt.Log.Info("gateway serving", "listen", ln.Addr().String())
+	if cfg.OnListen != nil {
+		cfg.OnListen(ln.Addr().String())
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-served:

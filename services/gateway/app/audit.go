@@ -55,6 +55,7 @@ func (g *Gateway) audit(r *http.Request, rt route, c *call, sw *statusWriter) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), requestTimeout)
 	defer cancel()
 	if _, err := g.bus.JetStream().PublishMsg(ctx, msg); err != nil {
+		g.metrics.auditLost.Add(ctx, 1)
 		c.log.Error("audit: the record was not stored", "err", err, "action", rt.action, "status", sw.status)
 	}
 }

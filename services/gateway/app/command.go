@@ -46,13 +46,11 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	if err := conn.EnsureBuckets(ctx, topology.Buckets(1)...); err != nil {
-		fmt.Fprintf(stderr, "gateway %s: %v\n", args[0], err)
-		return 1
-	}
+	// The bucket is the running gateway's (it creates it at start, with
+	// its -replicas): a command never creates or resizes it.
 	dir, err := identity.Open(ctx, conn.JetStream())
 	if err != nil {
-		fmt.Fprintf(stderr, "gateway %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "gateway %s: %v (is a gateway running on this NATS? it creates the %s bucket)\n", args[0], err, topology.IdentityBucket)
 		return 1
 	}
 	out, err := identityCommand(ctx, dir, args[0]+" "+args[1], *id, *name, *tenant, identity.Scope(*scope))

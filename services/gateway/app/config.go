@@ -22,6 +22,9 @@ type Config struct {
 	// Listen is the address of the tenant API (the health and metrics
 	// endpoint is Service.HTTPAddr).
 	Listen string
+	// OnListen, when set, is told the address the API listens on once it
+	// does (Listen may be "127.0.0.1:0"); not a flag: for `shizu dev`.
+	OnListen func(addr string)
 	Options
 }
 
@@ -36,11 +39,14 @@ type Options struct {
 	// Projector runs the rental read model's projector in this process
 	// (every replica shares one durable; one applies at a time).
 	Projector bool
+	// Replicas is the replica count of the buckets the gateway ensures
+	// (1 on a single server, 3 on a cluster).
+	Replicas int
 }
 
 // DefaultOptions are the options on a developer machine.
 func DefaultOptions() Options {
-	return Options{RatePerSecond: 20, RateBurst: 40, MaxPriority: 100, Projector: true}
+	return Options{RatePerSecond: 20, RateBurst: 40, MaxPriority: 100, Projector: true, Replicas: 1}
 }
 
 // DefaultConfig is the configuration on a developer machine.
@@ -59,6 +65,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	f.Int(&c.RateBurst, "burst", "calls each API key may make at once")
 	f.Int(&c.MaxPriority, "max-priority", "highest rental priority a tenant may ask for (0..1000)")
 	f.Bool(&c.Projector, "projector", "run the rental read model's projector in this process")
+	f.Int(&c.Replicas, "replicas", "replicas of the IDENTITY and IDEMPOTENCY buckets (1, or 3 on a cluster)")
 }
 
 // Validate reports every problem in the configuration.
@@ -79,6 +86,9 @@ func (o Options) Validate() error {
 	}
 	if o.RateBurst < 1 {
 		errs = append(errs, fmt.Errorf("gateway.burst: %d must be at least 1", o.RateBurst))
+	}
+	if o.Replicas < 1 || o.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("gateway.replicas: %d is out of range 1..5", o.Replicas))
 	}
 	if o.MaxPriority < 0 || o.MaxPriority > 1000 {
 		errs = append(errs, fmt.Errorf("gateway.max_priority: %d is out of range 0..1000", o.MaxPriority))

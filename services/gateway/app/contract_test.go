@@ -72,6 +72,9 @@ func TestTheResponseValidatorRefusesAnExtraAndAMissingField(t *testing.T) {
 	if err := h.validate("GET", "/v1/rentals/"+id, extra); err == nil || !strings.Contains(err.Error(), "seq") {
 		t.Errorf("an answer with an extra field passed validation: %v", err)
 	}
+	if err := h.validate("GET", "/v1/rentals/"+id, answer{Status: good.Status, Header: good.Header}); err == nil {
+		t.Error("an empty answer passed validation")
+	}
 	missing := mutate(func(m map[string]any) { delete(m, "state") })
 	if err := h.validate("GET", "/v1/rentals/"+id, missing); err == nil || !strings.Contains(err.Error(), "state") {
 		t.Errorf("an answer without a required field passed validation: %v", err)
@@ -134,7 +137,15 @@ func TestBadInputGetsAProblemNamingTheField(t *testing.T) {
 			t.Errorf("%s: the problem speaks in enum names: %s", c.name, a.Body)
 		}
 	}
-	a := h.do(req{method: "GET", path: "/v1/rentals?limit=5000", key: key})
+	a := h.do(req{method: "POST", path: "/v1/rentals", key: key})
+	if a.Status != http.StatusBadRequest || !a.problem(t).names("body") {
+		t.Errorf("no body: %d %s", a.Status, a.Body)
+	}
+	a = h.do(req{method: "GET", path: "/v1/rentals", header: map[string]string{"Authorization": "bearer " + key}})
+	if a.Status != http.StatusOK {
+		t.Errorf("the scheme in lower case: %d %s", a.Status, a.Body)
+	}
+	a = h.do(req{method: "GET", path: "/v1/rentals?limit=5000", key: key})
 	if p := a.problem(t); a.Status != http.StatusBadRequest || !p.names("query limit") {
 		t.Errorf("limit 5000: %d %s", a.Status, a.Body)
 	}

@@ -13,3 +13,11 @@ func (g *Gateway) RouteKeys() []string {
 
 // Identity is the replica's tenants and keys.
 func (g *Gateway) Identity() *identity.Directory { return g.dir }
+
+// OperatorOnly makes the route "METHOD path" an operator endpoint, for
+// tests of the operator keys' access before there is one.
+func (g *Gateway) OperatorOnly(methodPath string) {
+	rt := g.routes[methodPath]
+	rt.access = operatorOnly
+	g.routes[methodPath] = rt
+}

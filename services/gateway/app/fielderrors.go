@@ -14,8 +14,13 @@ import (
 func fieldErrors(err error) []fieldError {
 	var out []fieldError
 	var walk func(where string, err error)
+	// kin-openapi's errors are walked by their concrete types: errors.As
+	// would not do, as MultiError.As matches any of its members (and a
+	// RequestError unwraps to its MultiError), losing which parameter or
+	// body a problem is of.
 	walk = func(where string, err error) {
-		switch e := err.(type) {
+		switch e := err.(type) { //nolint:errorlint // see above
+
 		case openapi3.MultiError:
 			for _, inner := range e {
 				walk(where, inner)
@@ -25,7 +30,7 @@ func fieldErrors(err error) []fieldError {
 			if p := e.Parameter; p != nil {
 				w = p.In + " " + p.Name
 			}
-			switch e.Err.(type) {
+			switch e.Err.(type) { //nolint:errorlint // see above
 			case nil:
 				out = append(out, fieldError{Field: orBody(w), Reason: e.Reason})
 			case openapi3.MultiError, *openapi3.SchemaError:

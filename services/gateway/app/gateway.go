@@ -2,15 +2,18 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/shizu-gpu/shizu/services/gateway/api"
 	"github.com/shizu-gpu/shizu/services/gateway/identity"
@@ -21,24 +24,25 @@ import (
 
 // Gateway is one replica of the tenant API: its Handler serves /v1.
 type Gateway struct {
-	opts   Options
-	log    *slog.Logger
-	bus    *bus.Conn
-	doc    *openapi3.T
-	router routers.Router
-	routes map[string]route
-	dir    *identity.Directory
-	views  *rentalview.Store
-	idem   jetstream.KeyValue
-	limits *limiter
-	now    func() time.Time
+	opts    Options
+	log     *slog.Logger
+	bus     *bus.Conn
+	doc     *openapi3.T
+	router  routers.Router
+	routes  map[string]route
+	dir     *identity.Directory
+	views   *rentalview.Store
+	idem    jetstream.KeyValue
+	limits  *limiter
+	metrics *metrics
+	now     func() time.Time
 }
 
 // Open builds a replica on conn (the gateway's NATS user): it ensures its
 // buckets, loads the keys into a watched cache (until ctx ends) and, with
 // opts.Projector, starts the rental read model's projector (until ctx
-// ends). The returned Gateway serves once Handler is mounted.
-func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger) (*Gateway, error) {
+// ends). mp (nil: none) receives its metrics (metrics.go). The returned Gateway serves once Handler is mounted.
+func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger, mp metric.MeterProvider) (*Gateway, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
@@ -54,10 +58,18 @@ func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger) (
 		return nil, fmt.Errorf("openapi router: %w", err)
 	}
 	js := conn.JetStream()
-	if err := conn.EnsureBuckets(ctx, topology.Buckets(1)...); err != nil {
+	if err := waitProvisioned(ctx, js, log); err != nil {
 		return nil, err
 	}
-	g := &Gateway{opts: opts, log: log, bus: conn, doc: doc, router: router, limits: newLimiter(opts.RatePerSecond, opts.RateBurst), now: time.Now}
+	if err := conn.EnsureBuckets(ctx, topology.Buckets(opts.Replicas)...); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(mp)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{opts: opts, log: log, bus: conn, doc: doc, router: router, limits: newLimiter(opts.RatePerSecond, opts.RateBurst),
+		metrics: m, now: time.Now}
 	if g.idem, err = js.KeyValue(ctx, topology.IdempotencyBucket); err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", topology.IdempotencyBucket, err)
 	}
@@ -87,6 +99,23 @@ func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger) (
 	return g, nil
 }
 
+// waitProvisioned waits (until ctx ends) for the streams `shizu provision`
+// creates: the gateway publishes to RENTALS and AUDIT (provisioned together,
+// RENTALS first) and projects RENTALS, and never creates streams itself.
+func waitProvisioned(ctx context.Context, js jetstream.JetStream, log *slog.Logger) error {
+	eb := backoff.NewExponentialBackOff(backoff.WithInitialInterval(200*time.Millisecond),
+		backoff.WithMaxInterval(5*time.Second), backoff.WithMaxElapsedTime(0))
+	return backoff.RetryNotify(func() error {
+		_, err := js.Stream(ctx, topology.StreamRentals)
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return backoff.Permanent(fmt.Errorf("stream %s: %w", topology.StreamRentals, err))
+		}
+		return err
+	}, backoff.WithContext(eb, ctx), func(_ error, next time.Duration) {
+		log.Warn("stream not provisioned yet; run `shizu provision` as admin", "stream", topology.StreamRentals, "retry_in", next)
+	})
+}
+
 // access is who may call a route.
 type access int
 
@@ -114,7 +143,7 @@ type route struct {
 
 // routeSets are the files' routes; a new file of endpoints adds its
 // function here and its paths to api/openapi.json.
-var routeSets = []func(*Gateway) []route{docRoutes, rentalRoutes, logRoutes, poolRoutes}
+var routeSets = []func(*Gateway) []route{docRoutes, rentalRoutes, moneyRoutes, logRoutes, poolRoutes}
 
 func docRoutes(*Gateway) []route {
 	return []route{{method: http.MethodGet, path: "/v1/openapi.json", access: public,

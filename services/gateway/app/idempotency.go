@@ -2,6 +2,7 @@ package app
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -55,7 +56,10 @@ func (g *Gateway) idempotent(w http.ResponseWriter, r *http.Request, c *call, rt
 	}
 	w.WriteHeader(rec.status)
 	_, _ = w.Write(rec.body.Bytes())
-	ctx := r.Context()
+	// The answer is kept even if the client left meanwhile: that client's
+	// retry is what it is for.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), requestTimeout)
+	defer cancel()
 	if rec.status >= 500 || rec.status == http.StatusTooManyRequests {
 		if err := g.idem.Delete(ctx, k, jetstream.LastRevision(rev)); err != nil {
 			c.log.Warn("idempotency: release the key", "err", err)
@@ -106,6 +110,7 @@ func (g *Gateway) claim(w http.ResponseWriter, r *http.Request, c *call, k, fp s
 		case prev.Done:
 			w.Header().Set("Content-Type", prev.ContentType)
 			w.Header().Set("Content-Length", strconv.Itoa(len(prev.Body)))
+			g.metrics.replayed.Add(ctx, 1)
 			w.Header().Set("Idempotency-Replayed", "true")
 			w.WriteHeader(prev.Status)
 			_, _ = w.Write(prev.Body)

@@ -115,7 +115,9 @@ func (g *Gateway) publish(w http.ResponseWriter, r *http.Request, c *call, form 
 		writeProblem(w, r, http.StatusInternalServerError, probInternal, "the request could not be sent")
 		return false
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+	// Once sent, a request is seen through even if the client leaves: an
+	// answer lost half-way would make its retry a second rental.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), requestTimeout)
 	defer cancel()
 	if _, err := g.bus.Publish(ctx, subj, ev); err != nil {
 		c.log.Error("publish", "err", err, "subject", subj)

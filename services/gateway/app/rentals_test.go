@@ -2,8 +2,11 @@ package app_test
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -259,5 +262,63 @@ func TestEveryStateChangingCallIsAudited(t *testing.T) {
 	h.last("RENTALS", "rental.acme.cancel_requested", &cancel)
 	if cancel.GetTenantId() != "acme" || cancel.GetRentalId() != id || cancel.GetReason() != "done" {
 		t.Fatalf("cancel: %v", &cancel)
+	}
+}
+
+func TestConcurrentRetriesWithOneIdempotencyKeyMakeOneRental(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 2, testOptions())
+	key := h.tenant("acme", identity.ReadWrite)
+	const n = 6
+	answers := make(chan answer, n)
+	for i := range n {
+		go func() {
+			hr, _ := http.NewRequestWithContext(t.Context(), "POST", h.urls[i%2]+"/v1/rentals", strings.NewReader(`{"gpu_count":1}`))
+			hr.Header.Set("Content-Type", "application/json")
+			hr.Header.Set("Authorization", "Bearer "+key)
+			hr.Header.Set("Idempotency-Key", "once")
+			resp, err := http.DefaultClient.Do(hr)
+			if err != nil {
+				answers <- answer{}
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			answers <- answer{Status: resp.StatusCode, Header: resp.Header, Body: b}
+		}()
+	}
+	var created []string
+	for range n {
+		a := <-answers
+		if err := h.validate("POST", "/v1/rentals", a); err != nil {
+			t.Fatalf("%d %s: %v", a.Status, a.Body, err)
+		}
+		switch a.Status {
+		case http.StatusCreated:
+			created = append(created, string(a.Body))
+		case http.StatusConflict:
+		default:
+			t.Fatalf("a concurrent retry: %d %s", a.Status, a.Body)
+		}
+	}
+	if len(created) == 0 || len(slices.Compact(slices.Clone(created))) != 1 {
+		t.Fatalf("201 answers differ or none: %q", created)
+	}
+	if c := h.count("RENTALS", "rental.acme.requested"); c != 1 {
+		t.Fatalf("%d rentals requested by %d concurrent retries, want 1", c, n)
+	}
+}
+
+func TestAnOperatorEndpointRefusesTenantKeys(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, 1, testOptions())
+	h.gws[0].OperatorOnly("GET /v1/rentals")
+	rw := h.tenant("acme", identity.ReadWrite)
+	op := h.key("", identity.Operator)
+	if a := h.do(req{method: "GET", path: "/v1/rentals", key: rw}); a.Status != http.StatusForbidden || !strings.Contains(a.problem(t).Detail, "operator key") {
+		t.Fatalf("a tenant key on an operator endpoint: %d %s", a.Status, a.Body)
+	}
+	if a := h.do(req{method: "GET", path: "/v1/rentals", key: op}); a.Status != http.StatusOK {
+		t.Fatalf("an operator key on an operator endpoint: %d %s", a.Status, a.Body)
 	}
 }

@@ -63,14 +63,20 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, rid))
 	sw := &statusWriter{ResponseWriter: w}
 	c := &call{log: g.log.With("request_id", rid)}
+	routeName, method := "unknown", "other" // a client's own method is no label
 	defer func() {
+		took := g.now().Sub(start)
 		c.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", sw.status, "key_id", c.key.ID,
-			"tenant", c.tenant, "duration_ms", float64(g.now().Sub(start).Microseconds())/1000)
+			"tenant", c.tenant, "duration_ms", float64(took.Microseconds())/1000)
+		attrs := routeAttrs(routeName, method, sw.status)
+		g.metrics.requests.Add(r.Context(), 1, attrs)
+		g.metrics.duration.Record(r.Context(), took.Seconds(), attrs)
 	}()
 	rt, kr, ok := g.route(sw, r)
 	if !ok {
 		return
 	}
+	routeName, method = rt.path, rt.method
 	c.params = kr.params
 	if !g.authorize(sw, r, rt, c) {
 		return
@@ -119,8 +125,8 @@ func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request, rt route, c 
 	if rt.access == public {
 		return true
 	}
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || token == "" {
+	scheme, token, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="shizu"`)
 		writeProblem(w, r, http.StatusUnauthorized, probUnauthorized, "send an API key: Authorization: Bearer shz_...")
 		return false
@@ -153,6 +159,7 @@ func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request, rt route, c 
 	}
 	if wait, ok := g.limits.allow(k.ID, g.now()); !ok {
 		secs := max(1, int((wait+time.Second-1)/time.Second))
+		g.metrics.rateLimited.Add(r.Context(), 1)
 		w.Header().Set("Retry-After", strconv.Itoa(secs))
 		writeProblem(w, r, http.StatusTooManyRequests, probRateLimited,
 			"this key's rate limit is spent; retry after "+strconv.Itoa(secs)+" s")

@@ -134,8 +134,9 @@ func (c Config) load() (*pricing.Catalogue, ledger.Accounts, error) {
 // Run runs the metering until ctx ends: it connects with its own NATS user,
 // ensures the durable consumers the topology declares for it, rebuilds its
 // Redis state from the streams if it was lost (Recovery), starts the
-// consumers, the interval closer and the recovery's watch for a later
-// loss, and reports ready on /readyz.
+// consumers, the interval closer, the money queries' answers
+// (ServeQueries) and the recovery's watch for a later loss, and reports
+// ready on /readyz.
 func Run(ctx context.Context, cfg Config) error {
 	svc, _ := topology.ServiceNamed(topology.Metering)
 	return service.Run(ctx, cfg.Service, func(ctx context.Context, rt *service.Runtime) ([]service.Part, error) {
@@ -168,7 +169,11 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return nil, err
 		}
+		queries, err := ServeQueries(ctx, cfg, QueryDeps{Conn: rt.Bus, Store: store, Log: rt.Log, Meter: rt.Telemetry.MeterProvider()})
+		if err != nil {
+			return nil, err
+		}
 		// Stopped first (parts stop in reverse order).
-		return append(parts, recovery.Watch(context.WithoutCancel(ctx), cfg.Tick)), nil
+		return append(parts, queries, recovery.Watch(context.WithoutCancel(ctx), cfg.Tick)), nil
 	})
 }

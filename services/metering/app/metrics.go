@@ -27,6 +27,12 @@ const (
 	metricGivenUp   = "shizu.metering.parked_given_up"
 	metricAboveMax  = "shizu.metering.spot_seconds_above_max"
 	metricRebuilds  = "shizu.metering.store_rebuilds"
+	// metricQueries counts the money queries answered (query.go), by
+	// query (usage, invoices, budget) and outcome (answered, invalid,
+	// unavailable).
+	metricQueries = "shizu.metering.queries"
+	attrQuery     = attribute.Key("shizu.query")
+	attrOutcome   = attribute.Key("shizu.outcome")
 )
 
 // metrics are metering's instruments.
@@ -87,4 +93,13 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 func (m *metrics) published(ctx context.Context, plan, currency string, amount int64) {
 	m.records.Add(ctx, 1, metric.WithAttributes(attrPlan.String(plan)))
 	m.amount.Add(ctx, amount, metric.WithAttributes(attrPlan.String(plan), attrCurrency.String(currency)))
+}
+
+// newQueryCounter is the money queries' counter (metricQueries).
+func newQueryCounter(mp metric.MeterProvider) (metric.Int64Counter, error) {
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	return mp.Meter(meterName).Int64Counter(metricQueries,
+		metric.WithDescription("Money queries answered (by query and outcome: answered, invalid, unavailable)."))
 }

@@ -25,6 +25,11 @@ import (
 //	rental:<rental>            micros, mgs, seconds
 //	day:<tenant>:<YYYY-MM-DD>  <plan>|<model>|micros, <plan>|<model>|mgs
 //	label:<tenant>:<YYYY-MM>   <key>=<value>|<currency> -> micros
+//	rentals:<tenant>:<YYYY-MM-DD>  <rental>|micros, <rental>|mgs, <rental>|seconds
+//	labels:<tenant>:<YYYY-MM-DD>   <key>=<value>|micros, <key>=<value>|mgs
+//
+// (the last two answer usage queries by rental and by label over whole
+// days: query.go).
 //
 // <prefix>agg:gen holds the current generation ("0" when absent).
 
@@ -82,8 +87,14 @@ while i <= #ARGV do
     redis.call('HINCRBY', rkey, 'seconds', secs)
     redis.call('HINCRBY', dkey, pm .. '|micros', micros)
     redis.call('HINCRBY', dkey, pm .. '|mgs', mgs)
+    local rdkey, ldkey = p .. 'rentals:' .. tenant .. ':' .. day, p .. 'labels:' .. tenant .. ':' .. day
+    redis.call('HINCRBY', rdkey, rental .. '|micros', micros)
+    redis.call('HINCRBY', rdkey, rental .. '|mgs', mgs)
+    redis.call('HINCRBY', rdkey, rental .. '|seconds', secs)
     for j = i + 11, i + 10 + nlabels do
       redis.call('HINCRBY', p .. 'label:' .. tenant .. ':' .. month, ARGV[j] .. '|' .. cur, micros)
+      redis.call('HINCRBY', ldkey, ARGV[j] .. '|micros', micros)
+      redis.call('HINCRBY', ldkey, ARGV[j] .. '|mgs', mgs)
     end
     out[#out+1] = 1
     out[#out+1] = before

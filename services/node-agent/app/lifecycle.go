@@ -373,7 +373,7 @@ func (a *nodeAgent) exitsLoop(ctx context.Context) {
 func (a *nodeAgent) reportExit(ctx context.Context, x runtime.Exit) bool {
 	s := x.Workload.Spec
 	// Its output is complete: ship the rest and the end of it.
-	a.logs.end(x.Workload)
+	output := a.logs.end(x.Workload)
 	a.mu.Lock()
 	requested := a.stopping[s.RentalID]
 	a.mu.Unlock()
@@ -384,7 +384,7 @@ func (a *nodeAgent) reportExit(ctx context.Context, x runtime.Exit) bool {
 		o.Message = agent.DetailRefused
 		err = a.retry(ctx, "rental stopped", func() error { return a.publishStopped(ctx, r, o, "") })
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || !shipped(ctx, output) {
 		return false
 	}
 	a.m.stopped.Add(ctx, 1, metric.WithAttributes(attrReason.String(o.Reason.String())))

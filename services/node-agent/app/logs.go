@@ -76,11 +76,13 @@ func (l *logShipping) begin(w runtime.Workload) *logship.Shipper {
 	return s
 }
 
-// end ships the rest of w's output and its end. A workload that ended
-// while no agent ran gets a shipper now, from where the last one stopped.
-func (l *logShipping) end(w runtime.Workload) {
+// end ships the rest of w's output and its end, and returns what is
+// closed once that is done (nil when nothing ships it). A workload that
+// ended while no agent ran gets a shipper now, from where the last one
+// stopped.
+func (l *logShipping) end(w runtime.Workload) <-chan struct{} {
 	if l == nil {
-		return
+		return nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -88,9 +90,34 @@ func (l *logShipping) end(w runtime.Workload) {
 	if !ok {
 		s = l.begin(w)
 	}
-	if s != nil {
-		s.End()
+	if s == nil {
+		return nil
 	}
+	s.End()
+	return s.Done()
+}
+
+// logDrainWait is how long the report of an exit waits for the rest of
+// the run's output to be shipped before it forgets the run anyway (a
+// flood being read through).
+const logDrainWait = 2 * time.Second
+
+// shipped waits, at most logDrainWait, until done (a run's output) is
+// shipped; false when ctx ended first: the run's record then stays, and
+// the next agent ships the rest when it reports the exit again.
+func shipped(ctx context.Context, done <-chan struct{}) bool {
+	if done == nil {
+		return true
+	}
+	t := time.NewTimer(logDrainWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }
 
 // runKey names one run: a rental placed on this node again (a later

@@ -126,8 +126,11 @@ func TestARestartedAgentShipsTheRestOfAnAdoptedWorkloadsOutput(t *testing.T) {
 	e.send(t, "n-logs2", "start", e.place(t, "n-logs2", 1, "r-logs2", 1000, 0, "sh", "-c", script))
 	testkit.Eventually(t, 20*time.Second, func() error {
 		lines, _, err := rentallogs.Tail(t.Context(), e.Admin.JetStream(), "acme", "r-logs2", 10)
-		if err != nil || len(lines) != 1 || lines[0].Text != "before" {
-			return fmt.Errorf("output %v, %v", lines, err)
+		if err != nil {
+			return err
+		}
+		if len(lines) != 1 || lines[0].Text != "before" {
+			return fmt.Errorf("output %v", lines)
 		}
 		return nil
 	})

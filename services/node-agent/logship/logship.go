@@ -128,6 +128,8 @@ type Shipper struct {
 	pending          []*shizuv1.LogLine
 	pendingBytes     int
 	dropped          int64
+	// dropping is set while the run is over its rate.
+	dropping bool
 }
 
 // Start ships run's output from where an earlier shipper of the same run
@@ -312,7 +314,13 @@ func (s *Shipper) finish(ctx context.Context, lr *lineReader) error {
 // belongs before the lines that follow it).
 func (s *Shipper) take(ctx context.Context, l line) error {
 	text := shizuv1.Truncate(strings.TrimSuffix(string(l.text), "\r"), s.lim.MaxLineBytes)
-	if !s.bucket.take(s.now(), float64(len(text)+LineOverhead)) {
+	// Once over its rate, a run drops until the bucket holds a full batch
+	// again, so a flood is shipped as full batches between long runs of
+	// drops, not as a message for every few lines that squeeze in.
+	now := s.now()
+	resume := min(s.lim.BurstBytes, float64(s.lim.MaxBatchBytes))
+	if (s.dropping && !s.bucket.holds(now, resume)) || !s.bucket.take(now, float64(len(text)+LineOverhead)) {
+		s.dropping = true
 		if len(s.pending) > 0 {
 			if err := s.flush(ctx, false); err != nil {
 				return err
@@ -323,6 +331,7 @@ func (s *Shipper) take(ctx context.Context, l line) error {
 		s.counts.Dropped(ctx, 1)
 		return nil
 	}
+	s.dropping = false
 	if len(s.pending) >= s.lim.MaxBatchLines || s.pendingBytes+len(text) > s.lim.MaxBatchBytes {
 		if err := s.flush(ctx, false); err != nil {
 			return err
@@ -331,7 +340,7 @@ func (s *Shipper) take(ctx context.Context, l line) error {
 	if len(s.pending) == 0 {
 		s.batchOff = s.offset
 	}
-	s.pending = append(s.pending, &shizuv1.LogLine{ReadAt: timestamppb.New(s.now()), Text: text, Truncated: l.truncated})
+	s.pending = append(s.pending, &shizuv1.LogLine{ReadAt: timestamppb.New(now), Text: text, Truncated: l.truncated})
 	s.pendingBytes += len(text)
 	s.offset += l.size
 	return nil
@@ -451,11 +460,21 @@ type bucket struct {
 	at                  time.Time
 }
 
-func (b *bucket) take(now time.Time, cost float64) bool {
+func (b *bucket) refill(now time.Time) {
 	if el := now.Sub(b.at).Seconds(); el > 0 {
 		b.tokens = min(b.burst, b.tokens+el*b.rate)
 		b.at = now
 	}
+}
+
+// holds reports whether the bucket has level tokens.
+func (b *bucket) holds(now time.Time, level float64) bool {
+	b.refill(now)
+	return b.tokens >= level
+}
+
+func (b *bucket) take(now time.Time, cost float64) bool {
+	b.refill(now)
 	if b.tokens < cost {
 		return false
 	}

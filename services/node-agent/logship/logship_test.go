@@ -230,6 +230,53 @@ func TestANoisyRunIsHeldToItsRateAndEveryDroppedLineIsCounted(t *testing.T) {
 	}
 }
 
+// ticking is a clock that moves step on every reading.
+func ticking(step time.Duration) func() time.Time {
+	var mu sync.Mutex
+	at := t0
+	return func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		at = at.Add(step)
+		return at
+	}
+}
+
+func TestAFloodIsShippedInFullBatchesBetweenLongRunsOfDrops(t *testing.T) {
+	t.Parallel()
+	path, write := output(t)
+	rec, c := &recorder{}, &counts{}
+	lim := limits()
+	// A batch of 2,000 bytes is about 47 lines; the bucket refills 1 byte
+	// per millisecond, and the clock moves a millisecond per line read.
+	lim.MaxLineBytes, lim.MaxBatchBytes, lim.BurstBytes, lim.RateBytes = 100, 2000, 2000, 1000
+	s, err := logship.Start(t.Context(), run(path), rec, lim, ticking(time.Millisecond), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for i := range 10_000 {
+		fmt.Fprintf(&b, "line %04d\n", i)
+	}
+	write(b.String())
+	ended(t, s)
+	if c.shipped+c.dropped != 10_000 || c.dropped < 9000 {
+		t.Fatalf("counted %+v, want 10,000 lines in all, most dropped", c)
+	}
+	markers := 0
+	for i, bt := range rec.batches {
+		if n := bt.GetDroppedLines(); n > 0 {
+			markers++
+			if i < len(rec.batches)-1 && n < 1000 {
+				t.Fatalf("batch %d says %d lines dropped: drops should come in long runs, not a few at a time", i, n)
+			}
+		}
+	}
+	if markers == 0 || len(rec.batches) > 2*markers+2 {
+		t.Fatalf("%d batches with %d drop markers for a flood", len(rec.batches), markers)
+	}
+}
+
 func TestARestartedShipperGoesOnWhereTheLastStoppedWithNothingLostOrRepeated(t *testing.T) {
 	t.Parallel()
 	path, write := output(t)

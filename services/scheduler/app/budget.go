@@ -99,6 +99,12 @@ func (s *Scheduler) refuseOverBudget(ctx context.Context, ev *shizuv1.RentalRequ
 	if !ok {
 		return false, nil
 	}
+	// The rejection records an outcome under the rental id, which must
+	// be the tenant's own (a request under another tenant's id is refused
+	// as such instead).
+	if owned, err := s.ownsRequest(ctx, ev); !owned {
+		return true, err
+	}
 	s.d.Log.InfoContext(ctx, "request refused: the tenant's budget is spent", "rental", ev.GetRentalId(), "tenant", st.Tenant,
 		"budget", st.Budget, "month", st.Month)
 	return true, s.rejectNow(ctx, ev, 1, shizuv1.RejectReason_REJECT_REASON_NOT_PERMITTED, st.Refusal())

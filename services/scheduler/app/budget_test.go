@@ -44,7 +44,7 @@ func (c *clock) set(t time.Time) {
 type budgetEnv struct {
 	*env
 	clock   *clock
-	sched   *app.Scheduler
+	scheds  []*app.Scheduler
 	states  *budgetkv.Store
 	mu      sync.Mutex
 	cancels map[string][]*shizuv1.RentalCancelRequested
@@ -52,7 +52,8 @@ type budgetEnv struct {
 
 var budgetDay = time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
 
-func newBudgetEnv(t *testing.T) *budgetEnv {
+// newBudgetEnv runs replicas scheduler replicas on one clock.
+func newBudgetEnv(t *testing.T, replicas int) *budgetEnv {
 	t.Helper()
 	e := &budgetEnv{env: newEnv(t), clock: &clock{t: budgetDay}, cancels: map[string][]*shizuv1.RentalCancelRequested{}}
 	var err error
@@ -61,7 +62,9 @@ func newBudgetEnv(t *testing.T) *budgetEnv {
 		t.Fatal(err)
 	}
 	e.register(gpuNode("n1", 4, capacity.MarketOnDemand))
-	e.replicaWith(testConfig(), e.clock.now, func(s *app.Scheduler) { e.sched = s })
+	for range replicas {
+		e.replicaWith(testConfig(), e.clock.now, func(s *app.Scheduler) { e.scheds = append(e.scheds, s) })
+	}
 	cons, err := e.Admin.JetStream().OrderedConsumer(t.Context(), topology.StreamRentals,
 		jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject.RentalCancelRequestedAll}})
 	if err != nil {
@@ -95,12 +98,21 @@ func (e *budgetEnv) exhaust(tenant string, policy budget.Policy, grace time.Dura
 		e.t.Fatal(err)
 	}
 	testkit.Eventually(e.t, 10*time.Second, func() error {
-		if !app.BudgetInForce(e.sched, tenant, e.clock.now()) {
-			return errors.New("the replica has not seen the budget state yet")
+		for i, s := range e.scheds {
+			if !app.BudgetInForce(s, tenant, e.clock.now()) {
+				return fmt.Errorf("replica %d has not seen the budget state yet", i)
+			}
 		}
 		return nil
 	})
 	return st
+}
+
+// sweep runs a budget sweep on every replica.
+func (e *budgetEnv) sweep() {
+	for _, s := range e.scheds {
+		app.SweepBudgets(e.t.Context(), s)
+	}
 }
 
 // run requests rental for tenant and waits until it is scheduled.
@@ -148,7 +160,7 @@ func checkRefusal(t *testing.T, rej *shizuv1.RentalRejected) {
 // rent on; a raised budget (metering lifts the state) lets it rent again.
 func TestABudgetSpentUnderRejectNewRejectsNewRentalsAndLeavesRunningOnes(t *testing.T) {
 	t.Parallel()
-	e := newBudgetEnv(t)
+	e := newBudgetEnv(t, 1)
 	e.run("running", "acme")
 	e.publish(requested("waiting", "acme", spec(4, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), e.clock.now()))
 	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
@@ -163,10 +175,18 @@ func TestABudgetSpentUnderRejectNewRejectsNewRentalsAndLeavesRunningOnes(t *test
 	checkRefusal(t, e.rejectedFor("new"))
 	checkRefusal(t, e.rejectedFor("waiting"))
 	e.run("other", "globex")
+	// A request of acme under globex's rental id is refused as not acme's,
+	// not as over budget: no outcome is recorded under globex's id.
+	forged := requested("other", "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), e.clock.now())
+	forged.Meta.EventId = "req:acme:other"
+	e.publish(forged)
+	if rej := e.rejectedFor("other"); rej.GetTenantId() != "acme" || strings.Contains(rej.GetMessage(), "budget") {
+		t.Fatalf("acme's request under globex's id: %v %q", rej.GetTenantId(), rej.GetMessage())
+	}
 
-	app.SweepBudgets(t.Context(), e.sched)
+	e.sweep()
 	e.clock.set(budgetDay.Add(time.Hour))
-	app.SweepBudgets(t.Context(), e.sched)
+	e.sweep()
 	e.seen.mu.Lock()
 	if n, s := len(e.seen.preempted["running"]), e.seen.stops["running"]; n != 0 || s != 0 {
 		t.Errorf("reject-new gave the running rental %d notices and %d stops", n, s)
@@ -180,8 +200,10 @@ func TestABudgetSpentUnderRejectNewRejectsNewRentalsAndLeavesRunningOnes(t *test
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, 10*time.Second, func() error {
-		if app.BudgetInForce(e.sched, "acme", e.clock.now()) {
-			return errors.New("the lifted state is still in force")
+		for _, s := range e.scheds {
+			if app.BudgetInForce(s, "acme", e.clock.now()) {
+				return errors.New("the lifted state is still in force")
+			}
 		}
 		return nil
 	})
@@ -198,19 +220,19 @@ func TestABudgetSpentUnderRejectNewRejectsNewRentalsAndLeavesRunningOnes(t *test
 	})
 }
 
-// Under stop-running, each running rental of the tenant gets a notice
+// Under stop-running (two replicas), each running rental of the tenant gets a notice
 // whose deadline is the exhaustion plus the grace, is not stopped before
 // it, and once it passed is cancelled as the tenant's own stop is (one
 // StopRental, EXIT_REASON_CANCELLED); other tenants' rentals run on. A new
 // month lifts the stop.
 func TestABudgetSpentUnderStopRunningNoticesThenStopsAfterTheGrace(t *testing.T) {
 	t.Parallel()
-	e := newBudgetEnv(t)
+	e := newBudgetEnv(t, 2) // both replicas sweep; each notice and stop is given once
 	e.run("mine", "acme")
 	e.run("theirs", "globex")
 	st := e.exhaust("acme", budget.StopRunning, 5*time.Minute)
 
-	app.SweepBudgets(t.Context(), e.sched)
+	e.sweep()
 	var notice *shizuv1.RentalPreempted
 	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
 		if len(o.preempted["mine"]) == 0 {
@@ -229,8 +251,8 @@ func TestABudgetSpentUnderStopRunningNoticesThenStopsAfterTheGrace(t *testing.T)
 	}
 	// Before the deadline: no cancel, no stop, however often it sweeps.
 	e.clock.set(st.StopAt().Add(-time.Second))
-	app.SweepBudgets(t.Context(), e.sched)
-	app.SweepBudgets(t.Context(), e.sched)
+	e.sweep()
+	e.sweep()
 	if c := e.cancelsOf("mine"); len(c) != 0 {
 		t.Fatalf("cancelled before the grace passed: %v", c)
 	}
@@ -238,7 +260,7 @@ func TestABudgetSpentUnderStopRunningNoticesThenStopsAfterTheGrace(t *testing.T)
 	checkRefusal(t, e.rejectedFor("new"))
 
 	e.clock.set(st.StopAt())
-	app.SweepBudgets(t.Context(), e.sched)
+	e.sweep()
 	e.seen.waitFor(t, 20*time.Second, func(o *outcomes) error {
 		if o.stops["mine"] == 0 {
 			return errors.New("the node was not told to stop the rental")
@@ -250,7 +272,7 @@ func TestABudgetSpentUnderStopRunningNoticesThenStopsAfterTheGrace(t *testing.T)
 		!strings.Contains(c[0].GetReason(), "the monthly budget of tenant acme is spent") {
 		t.Fatalf("cancels %v, want one by budget:monthly naming the budget", c)
 	}
-	app.SweepBudgets(t.Context(), e.sched)
+	e.sweep()
 	e.seen.mu.Lock()
 	stops, notices, theirs := e.seen.stops["mine"], len(e.seen.preempted["mine"]), e.seen.stops["theirs"]+len(e.seen.preempted["theirs"])
 	e.seen.mu.Unlock()
@@ -260,8 +282,10 @@ func TestABudgetSpentUnderStopRunningNoticesThenStopsAfterTheGrace(t *testing.T)
 
 	// January: the stop is lifted.
 	e.clock.set(time.Date(2027, 1, 1, 0, 0, 1, 0, time.UTC))
-	if app.BudgetInForce(e.sched, "acme", e.clock.now()) {
-		t.Fatal("December's budget state is in force in January")
+	for _, s := range e.scheds {
+		if app.BudgetInForce(s, "acme", e.clock.now()) {
+			t.Fatal("December's budget state is in force in January")
+		}
 	}
 	e.run("january", "acme")
 }

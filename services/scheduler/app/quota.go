@@ -20,7 +20,7 @@ import (
 // reports whether it was one.
 func overQuota(j *job) bool {
 	var qe *capacity.QuotaError
-	if !errors.As(j.err, &qe) {
+	if !capacity.IsQuota(j.err) || !errors.As(j.err, &qe) {
 		return false
 	}
 	j.OverQuota, j.err = qe.Reason(), nil

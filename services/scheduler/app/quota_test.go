@@ -12,11 +12,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+
 	shizuv1 "github.com/shizu-gpu/shizu/proto/shizu/v1"
 	"github.com/shizu-gpu/shizu/services/scheduler/app"
 	"github.com/shizu-gpu/shizu/shared/capacity"
 	"github.com/shizu-gpu/shizu/shared/gpumodel"
 	"github.com/shizu-gpu/shizu/shared/quota"
+	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
@@ -109,6 +113,20 @@ func TestTwoReplicasRacingOneTenantNeverPassItsQuota(t *testing.T) {
 	e.quotaReplica(testConfig())
 	e.quotaReplica(testConfig())
 	most := e.usageWatch(t, "acme")
+	var shortMu sync.Mutex
+	var shortFor []string
+	sub, err := e.Admin.NATS().Subscribe(subject.CapacityShortage, func(m *nats.Msg) {
+		ev := &shizuv1.CapacityShortage{}
+		if proto.Unmarshal(m.Data, ev) == nil {
+			shortMu.Lock()
+			shortFor = append(shortFor, ev.GetRentalIds()...)
+			shortMu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	var evs []*shizuv1.RentalRequested
 	for i := range requests {
 		evs = append(evs, requested(fmt.Sprintf("q%02d", i), "acme", spec(1, 1000, 0, shizuv1.Plan_PLAN_ON_DEMAND), time.Now()))
@@ -146,7 +164,15 @@ func TestTwoReplicasRacingOneTenantNeverPassItsQuota(t *testing.T) {
 				return fmt.Errorf("round %d: %d running, %d pending over quota; want %d and %d", round, len(running), quotaPending, want, left-want)
 			}
 			if o.shortages != 0 {
-				return fmt.Errorf("%d capacity shortages reported for requests held back by their quota", o.shortages)
+				shortMu.Lock()
+				defer shortMu.Unlock()
+				var why []string
+				for _, id := range shortFor {
+					for _, p := range o.pending[id] {
+						why = append(why, fmt.Sprintf("%s: %v %q", id, p.GetReason(), p.GetMessage()))
+					}
+				}
+				return fmt.Errorf("%d capacity shortages reported for requests held back by their quota: %v %v", o.shortages, shortFor, why)
 			}
 			return nil
 		})

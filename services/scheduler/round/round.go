@@ -376,7 +376,7 @@ func Plan[J Planned](v *view.View, jobs []J, now time.Time, cfg Config, commit C
 	tried := false
 	for pass := 0; pass < MaxPasses && len(todo) > 0; pass++ {
 		var none []J
-		todo, none = out.pass(v, todo, now, cfg, commit)
+		todo, none = out.pass(v, todo, now, cfg, commit, pass == MaxPasses-1)
 		noFit = append(noFit, none...)
 		if commit == nil {
 			break
@@ -405,8 +405,11 @@ func Plan[J Planned](v *view.View, jobs []J, now time.Time, cfg Config, commit C
 
 // pass places todo on the view, hands each placed job to commit and
 // takes the refused ones out of the view again. It returns the refused
-// and the ones that fit nowhere.
-func (out *RoundPlan[J]) pass(v *view.View, todo []J, now time.Time, cfg Config, commit Commit[J]) (refused, noFit []J) {
+// and the ones that fit nowhere. When the store refused some over quota,
+// the ones that fit nowhere are placed again too (unless this is the
+// last pass): they were tried while the view still held the refused
+// ones' bookings.
+func (out *RoundPlan[J]) pass(v *view.View, todo []J, now time.Time, cfg Config, commit Commit[J], last bool) (refused, noFit []J) {
 	var placed []J
 	for _, j := range todo {
 		switch err := Place(v, j.Planning(), now, cfg); {
@@ -432,17 +435,22 @@ func (out *RoundPlan[J]) pass(v *view.View, todo []J, now time.Time, cfg Config,
 	}
 	gone := make(map[*Job]bool, len(refused))
 	again := refused[:0:0]
+	var overQuota []J
 	for _, j := range refused {
 		p := j.Planning()
 		gone[p] = true
 		v.Remove(p.Placed.NodeID, p.Request.ID)
 		if p.OverQuota != "" {
-			noFit = append(noFit, j) // the node had room: it stays fresh
+			overQuota = append(overQuota, j) // the node had room: it stays fresh
 			continue
 		}
 		v.MarkStale(p.Placed.NodeID)
 		again = append(again, j)
 	}
+	if len(overQuota) > 0 && !last {
+		again, noFit = append(again, noFit...), nil
+	}
+	noFit = append(noFit, overQuota...)
 	for _, j := range placed {
 		if !gone[j.Planning()] {
 			out.Reserve = append(out.Reserve, j)
