@@ -42,6 +42,10 @@ type Options struct {
 	// Replicas is the replica count of the buckets the gateway ensures
 	// (1 on a single server, 3 on a cluster).
 	Replicas int
+	// CataloguePath is the price catalogue file metering is started with
+	// (services/metering/pricing's format); GET /v1/models answers its
+	// on-demand prices. Empty: models without prices.
+	CataloguePath string
 }
 
 // DefaultOptions are the options on a developer machine.
@@ -65,6 +69,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	f.Int(&c.RateBurst, "burst", "calls each API key may make at once")
 	f.Int(&c.MaxPriority, "max-priority", "highest rental priority a tenant may ask for (0..1000)")
 	f.Bool(&c.Projector, "projector", "run the rental read model's projector in this process")
+	f.String(&c.CataloguePath, "catalogue", "price catalogue (JSON, metering's format) whose on-demand prices GET /v1/models answers; empty: no prices")
 	f.Int(&c.Replicas, "replicas", "replicas of the IDENTITY and IDEMPOTENCY buckets (1, or 3 on a cluster)")
 }
 
