@@ -311,8 +311,9 @@ func Services() []Service {
 			Asks: []string{subject.UsageQueryAll, subject.InvoicesQueryAll, subject.BudgetQueryAll},
 			// GET /v1/rentals/{id}/logs, for the key's tenant's rental only.
 			ReadsLogs: true,
-			// GET /v1/pools: the tenant's declarations and last decisions.
-			Reads: []string{StreamScaling},
+			// GET /v1/pools (the tenant's declarations and last decisions) and
+			// the operator's GET /v1/dead-letters.
+			Reads: []string{StreamScaling, StreamDeadLetter},
 		},
 	}
 }

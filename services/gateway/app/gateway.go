@@ -147,7 +147,7 @@ type route struct {
 
 // routeSets are the files' routes; a new file of endpoints adds its
 // function here and its paths to api/openapi.json.
-var routeSets = []func(*Gateway) []route{docRoutes, rentalRoutes, moneyRoutes, logRoutes, poolRoutes, modelRoutes}
+var routeSets = []func(*Gateway) []route{docRoutes, rentalRoutes, moneyRoutes, logRoutes, poolRoutes, modelRoutes, deadLetterRoutes}
 
 func docRoutes(*Gateway) []route {
 	return []route{{method: http.MethodGet, path: "/v1/openapi.json", access: public,
