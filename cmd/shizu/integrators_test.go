@@ -71,7 +71,7 @@ func TestIntegratorsDocRunsAgainstShizuDev(t *testing.T) {
 		return out.String()
 	}
 	out := runScript("curl", "bash", "-c", sh)
-	for _, want := range []string{"rented r-", `"state":"stopped"`, `"field":"gpu_count"`} {
+	for _, want := range []string{"rented r-", `"state":"stopped"`, `"field":"gpu_count"`, `"amount_micros"`, "model,plan,milli_gpu_seconds"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the curl examples' output does not say %q", want)
 		}
@@ -81,7 +81,7 @@ func TestIntegratorsDocRunsAgainstShizuDev(t *testing.T) {
 	vals := readEnvFile(filepath.Join(d.dir, "env"))
 	env = append(env, envAPIURL+"="+vals[envAPIURL], envAPIKey+"="+vals[envAPIKey])
 	out = runScript("Python", "python3", "-c", py)
-	for _, want := range []string{"rented r-", "  running rtx4090x8-1", "ran on rtx4090x8-1 for", " stopped\n"} {
+	for _, want := range []string{"rented r-", "  running rtx4090x8-1", "ran on rtx4090x8-1 for", " stopped\n", "billed ", " USD"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the Python example's output does not say %q", want)
 		}

@@ -28,8 +28,10 @@ var rentFields = fieldWords{
 	"interconnect": "-nvlink", "mig_profile": "-mig", "tee_required": "-tee", "zone": "-zone", "plan": "-plan",
 	"max_spot_price_per_gpu_hour": "-max-price", "priority": "-priority", "image": "-image",
 	"checkpoint_uri": "-checkpoint", "cpu_milli": "-cpu-milli", "memory_mib": "-memory-mib", "labels": "-label",
-	"pending_timeout": "-pending-timeout", "command": "the command after --", "rental_id": "-id", "tenant_id": "-tenant",
-	"requested_by": "-by", "reason": "-reason",
+	"pending_timeout": "-pending-timeout", "command": "the command after --", "reason": "-reason",
+	// The platform sets these (the gateway: the key's tenant, its id, the
+	// key that asks), so they are named, not flagged.
+	"rental_id": "rental id", "tenant_id": "tenant", "requested_by": "requester",
 }
 
 // enumWords is every enum value name of the contract with its words.

@@ -101,7 +101,7 @@ func TestSaidIsInPeoplesWords(t *testing.T) {
 		{"what is not the contract's stays", "no node could ever hold this request: needs 9 GPUs on one node; the largest node has 8",
 			"no node could ever hold this request: needs 9 GPUs on one node; the largest node has 8"},
 		{"a rejection's reason the scheduler wrote", "invalid spec: spec.tee_required: TEE on RTX4090-24GB; rental_id: missing",
-			"invalid spec: -tee: TEE on RTX4090-24GB; -id: missing"},
+			"invalid spec: -tee: TEE on RTX4090-24GB; rental id: missing"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if got := said(c.in, rentFields); got != c.want {
