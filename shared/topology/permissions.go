@@ -75,6 +75,9 @@ func (s Service) Permissions() Permissions {
 	for _, b := range s.Buckets {
 		pub = append(pub, b.permissions()...)
 	}
+	for _, st := range s.Reads {
+		pub = append(pub, "$JS.API.STREAM.INFO."+st, "$JS.API.DIRECT.GET."+st, "$JS.API.DIRECT.GET."+st+".>", "$JS.API.STREAM.MSG.GET."+st)
+	}
 	slices.Sort(pub)
 	sub := append([]string{"_INBOX.>"}, s.Answers...)
 	return Permissions{Publish: slices.Compact(pub), Subscribe: sub, Responses: len(s.Answers) > 0}

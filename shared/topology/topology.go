@@ -157,6 +157,9 @@ type Service struct {
 	ReadsLogs bool
 	// Buckets are the KV buckets (other than the heartbeats) it uses.
 	Buckets []BucketAccess
+	// Reads are streams it reads by subject: stream info (with a subject
+	// filter) and last or numbered messages, no consumer.
+	Reads []string
 	// Answers are request subjects (subscribe forms, in no stream) it
 	// answers in a queue group named after it: it subscribes to them and
 	// may publish one reply to each request it receives.
@@ -296,7 +299,10 @@ func Services() []Service {
 			Name: Gateway,
 			// It publishes for the tenant its API key names, and records
 			// every state-changing call.
-			Publishes: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll, subject.AuditRecordedAll},
+			Publishes: []string{subject.RentalRequestedAll, subject.RentalCancelRequestedAll, subject.AuditRecordedAll,
+				// Pools of the key's tenant (ids "<tenant>_<pool>": the
+				// autoscaler refuses another tenant's) and their traffic.
+				subject.ScalePoolDeclaredAll, subject.TrafficSampleAll},
 			// Every replica runs the rental read model's projector on one
 			// shared durable, which shared/rentalview declares itself (a
 			// pinned priority group; it skips what it cannot fold rather
@@ -312,6 +318,11 @@ func Services() []Service {
 				{Bucket: RentalViewBucket, Writes: true}, {Bucket: WebhooksBucket, Writes: true}},
 			// Money is metering's to answer (usage, invoices, budgets).
 			Asks: []string{subject.UsageQueryAll, subject.InvoicesQueryAll, subject.BudgetQueryAll},
+			// GET /v1/rentals/{id}/logs, for the key's tenant's rental only.
+			ReadsLogs: true,
+			// GET /v1/pools (the tenant's declarations and last decisions) and
+			// the operator's GET /v1/dead-letters.
+			Reads: []string{StreamScaling, StreamDeadLetter},
 		},
 	}
 }

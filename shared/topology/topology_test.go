@@ -219,14 +219,17 @@ func TestTheGatewayMayPublishForTenantsAndUseItsBucketsOnly(t *testing.T) {
 	}
 	for _, subj := range []string{"rental.acme.requested", "rental.acme.cancel_requested", "audit.acme.rental_create",
 		"$KV.IDENTITY.key.k1", "$KV.IDEMPOTENCY.x.y", "$KV.RENTAL_VIEW.acme.r-1", "$JS.API.STREAM.CREATE.KV_IDENTITY",
-		"$JS.API.CONSUMER.MSG.NEXT.RENTALS.rentalview", "$JS.API.DIRECT.GET.KV_RENTAL_VIEW.$KV.RENTAL_VIEW.acme.r-1"} {
+		"$JS.API.CONSUMER.MSG.NEXT.RENTALS.rentalview", "$JS.API.DIRECT.GET.KV_RENTAL_VIEW.$KV.RENTAL_VIEW.acme.r-1",
+		"$JS.API.DIRECT.GET.LOGS.log.acme.r-1", "$JS.API.CONSUMER.DELETE.LOGS.oc1",
+		"scale.acme_chat.declared", "traffic.acme_chat.sample", "$JS.API.STREAM.MSG.GET.SCALING", "$JS.API.STREAM.INFO.SCALING"} {
 		if !allowed(subj) {
 			t.Errorf("gateway may not publish %s", subj)
 		}
 	}
 	for _, subj := range []string{"rental.acme.scheduled", "rental.acme.stopped", "agent.n1.cmd.start", "usage.acme.recorded",
 		"$KV.HEARTBEATS.node.n1", "$JS.API.STREAM.CREATE.RENTALS", "$JS.API.STREAM.PURGE.KV_IDENTITY",
-		"$JS.API.CONSUMER.MSG.NEXT.RENTALS.scheduler"} {
+		"$JS.API.CONSUMER.MSG.NEXT.RENTALS.scheduler", "$JS.API.STREAM.PURGE.LOGS", "log.acme.r-1",
+		"scale.acme_chat.decided", "scale.fleet.shortage", "$JS.API.CONSUMER.CREATE.SCALING.x"} {
 		if allowed(subj) {
 			t.Errorf("gateway may publish %s; it should not", subj)
 		}

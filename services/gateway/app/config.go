@@ -50,6 +50,10 @@ type Options struct {
 	// retried before it is given up.
 	WebhookRetryInitial time.Duration
 	WebhookRetryFor     time.Duration
+	// CataloguePath is the price catalogue file metering is started with
+	// (services/metering/pricing's format); GET /v1/models answers its
+	// on-demand prices. Empty: models without prices.
+	CataloguePath string
 }
 
 // DefaultOptions are the options on a developer machine.
@@ -76,6 +80,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	f.Bool(&c.Projector, "projector", "run the rental read model's projector in this process")
 	f.Bool(&c.WebhookLoopback, "webhook-loopback", "allow http webhooks to loopback addresses (development only)")
 	f.Duration(&c.WebhookRetryFor, "webhook-retry-for", "how long a failing webhook delivery is retried before it is given up")
+	f.String(&c.CataloguePath, "catalogue", "price catalogue (JSON, metering's format) whose on-demand prices GET /v1/models answers; empty: no prices")
 	f.Int(&c.Replicas, "replicas", "replicas of the IDENTITY and IDEMPOTENCY buckets (1, or 3 on a cluster)")
 }
 

@@ -36,6 +36,7 @@ type Gateway struct {
 	hooks   jetstream.KeyValue
 	limits  *limiter
 	metrics *metrics
+	prices  *prices
 	now     func() time.Time
 }
 
@@ -71,6 +72,9 @@ func Open(ctx context.Context, conn *bus.Conn, opts Options, log *slog.Logger, m
 	}
 	g := &Gateway{opts: opts, log: log, bus: conn, doc: doc, router: router, limits: newLimiter(opts.RatePerSecond, opts.RateBurst),
 		metrics: m, now: time.Now}
+	if g.prices, err = loadPrices(opts.CataloguePath); err != nil {
+		return nil, err
+	}
 	if g.idem, err = js.KeyValue(ctx, topology.IdempotencyBucket); err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", topology.IdempotencyBucket, err)
 	}
@@ -152,7 +156,7 @@ type route struct {
 
 // routeSets are the files' routes; a new file of endpoints adds its
 // function here and its paths to api/openapi.json.
-var routeSets = []func(*Gateway) []route{docRoutes, rentalRoutes, moneyRoutes, webhookRoutes}
+var routeSets = []func(*Gateway) []route{docRoutes, rentalRoutes, moneyRoutes, webhookRoutes, logRoutes, poolRoutes, modelRoutes, deadLetterRoutes}
 
 func docRoutes(*Gateway) []route {
 	return []route{{method: http.MethodGet, path: "/v1/openapi.json", access: public,
