@@ -59,15 +59,16 @@ func BenchmarkCreateToScheduled(b *testing.B) {
 	startScheduler(b, h.d)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	for range 20 { // warm up: the scheduler's first snapshot, connections
-		if _, err := createAndFollow(b.Context(), client, h.urls[0], key, time.Now()); err != nil {
+		if _, err := createAndFollow(b.Context(), client, h.urls[0], key, time.Now(), nil); err != nil {
 			b.Fatal(err)
 		}
 	}
 	b.ResetTimer()
 	var lat []time.Duration
 	var errs []error
+	steps := &phases{at: map[string][]time.Duration{}}
 	for range max(b.N, 1) {
-		l, e := paced(b.Context(), client, h.urls[0], key, n)
+		l, e := paced(b.Context(), client, h.urls[0], key, n, steps)
 		lat, errs = append(lat, l...), append(errs, e...)
 	}
 	b.StopTimer()
@@ -84,6 +85,8 @@ func BenchmarkCreateToScheduled(b *testing.B) {
 		{fmt.Sprintf("POST /v1/rentals -> scheduled (SSE) p99, %d at %d/s paced", len(lat), scheduleRate), p99,
 			fmt.Sprintf("<= %.0f ms", scheduleGoalMS), ms(pub, 0.99), "bare publish"},
 		{"  p50", ms(lat, 0.5), "", ms(pub, 0.5), "bare publish p50"},
+		{"  where it went: POST answered, p99 from the due time", ms(steps.at["POST answered"], 0.99), "", 0, ""},
+		{"  first event (requested) on the stream, p99", ms(steps.at["event stream: requested"], 0.99), "", 0, ""},
 		{fmt.Sprintf("bare JetStream publish p99 (sync, %d)", len(pub)), ms(pub, 0.99), "", 0, ""},
 		{fmt.Sprintf("bare KV get p99 (RENTAL_VIEW, %d)", len(kvGets)), ms(kvGets, 0.99), "", 0, ""},
 	}, map[int]bool{0: p99 <= scheduleGoalMS})
@@ -113,7 +116,7 @@ func startScheduler(b *testing.B, d *testkit.Deployment) {
 // paced sends n creates, one every 1/scheduleRate s from now, each in its
 // own goroutine, and returns each one's latency from its due time to
 // scheduled, and the failures.
-func paced(ctx context.Context, client *http.Client, url, key string, n int) ([]time.Duration, []error) {
+func paced(ctx context.Context, client *http.Client, url, key string, n int, steps *phases) ([]time.Duration, []error) {
 	var (
 		mu   sync.Mutex
 		lat  []time.Duration
@@ -128,7 +131,7 @@ func paced(ctx context.Context, client *http.Client, url, key string, n int) ([]
 			<-t.C
 		}
 		wg.Go(func() {
-			d, err := createAndFollow(ctx, client, url, key, due)
+			d, err := createAndFollow(ctx, client, url, key, due, steps)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -144,7 +147,7 @@ func paced(ctx context.Context, client *http.Client, url, key string, n int) ([]
 
 // createAndFollow rents one GPU and follows the rental's events until it
 // is scheduled, returning the time from due.
-func createAndFollow(ctx context.Context, client *http.Client, url, key string, due time.Time) (time.Duration, error) {
+func createAndFollow(ctx context.Context, client *http.Client, url, key string, due time.Time, steps *phases) (time.Duration, error) {
 	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/rentals", strings.NewReader(`{"gpu_count":1}`))
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
@@ -152,6 +155,7 @@ func createAndFollow(ctx context.Context, client *http.Client, url, key string, 
 	if err != nil {
 		return 0, err
 	}
+	steps.mark("POST answered", due)
 	var created struct {
 		ID string `json:"rental_id"`
 	}
@@ -183,6 +187,7 @@ func createAndFollow(ctx context.Context, client *http.Client, url, key string, 
 		if err := json.Unmarshal([]byte(data), &r); err != nil {
 			return 0, err
 		}
+		steps.mark("event stream: "+r.State, due)
 		switch r.State {
 		case "scheduled":
 			return time.Since(due), nil
@@ -220,4 +225,21 @@ func bareKVGets(b *testing.B, h *harness, tenant string, n int) []time.Duration 
 		out = append(out, time.Since(t))
 	}
 	return out
+}
+
+// phases are the times from due at which each request reached a step
+// (its POST answered, each state seen on its event stream), by step.
+type phases struct {
+	mu sync.Mutex
+	at map[string][]time.Duration
+}
+
+func (p *phases) mark(step string, due time.Time) {
+	if p == nil {
+		return
+	}
+	d := time.Since(due)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.at[step] = append(p.at[step], d)
 }
