@@ -72,8 +72,11 @@ func BenchmarkCreateToScheduled(b *testing.B) {
 		lat, errs = append(lat, l...), append(errs, e...)
 	}
 	b.StopTimer()
-	if len(errs) > 0 {
-		b.Fatalf("%d of %d requests failed; the first: %v", len(errs), n, errs[0])
+	if len(errs) > 0 { // a miss, not a broken benchmark: the system fell behind
+		b.Logf("%d of %d requests failed (counted as a MISS); the first: %v", len(errs), len(errs)+len(lat), errs[0])
+	}
+	if len(lat) == 0 {
+		b.Fatal("no request was scheduled")
 	}
 	pub := barePublishes(b, h, 1000)
 	kvGets := bareKVGets(b, h, "acme", 1000)
@@ -89,7 +92,8 @@ func BenchmarkCreateToScheduled(b *testing.B) {
 		{"  first event (requested) on the stream, p99", ms(steps.at["event stream: requested"], 0.99), "", 0, ""},
 		{fmt.Sprintf("bare JetStream publish p99 (sync, %d)", len(pub)), ms(pub, 0.99), "", 0, ""},
 		{fmt.Sprintf("bare KV get p99 (RENTAL_VIEW, %d)", len(kvGets)), ms(kvGets, 0.99), "", 0, ""},
-	}, map[int]bool{0: p99 <= scheduleGoalMS})
+		{"  requests failed (no answer, or no event within 3 s)", float64(len(errs)), "0", 0, ""},
+	}, map[int]bool{0: p99 <= scheduleGoalMS && len(errs) == 0})
 }
 
 // startScheduler builds the scheduler's command and runs it on d (as the

@@ -34,8 +34,11 @@ func printTable(_ *testing.B, rows []row, verdict map[int]bool) {
 			v = map[bool]string{true: "PASS", false: "MISS"}[pass]
 		}
 		unit := " ms"
-		if strings.Contains(r.what, "ratio") {
+		switch {
+		case strings.Contains(r.what, "ratio"):
 			unit = "x "
+		case strings.Contains(r.what, "failed"):
+			unit = "  "
 		}
 		fmt.Fprintf(&s, "%-62s %7.3f%s %10s %22s %s\n", r.what, r.value, unit, r.goal, ratio, v)
 	}
