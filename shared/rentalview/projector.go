@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -33,6 +34,8 @@ const (
 	fetchWait   = time.Second
 	writeRetry  = 100 * time.Millisecond
 	ackWaitTime = 30 * time.Second
+	// writers is how many records of a batch are written at once.
+	writers = 32
 )
 
 // Projector keeps the bucket current from RENTALS.
@@ -230,51 +233,96 @@ func (p *Projector) Run(ctx context.Context) error {
 			sleep(ctx, writeRetry)
 			continue
 		}
-		var msgs []jetstream.Msg
-		var cs []change
-		for m := range batch.Messages() {
-			msgs = append(msgs, m)
-			meta, err := m.Metadata()
-			if err != nil {
-				continue
-			}
-			c, err := decodeEvent(m.Subject(), m.Data(), meta.Sequence.Stream, meta.Timestamp)
-			if err != nil {
-				p.log.Warn("rentalview: event skipped", "err", err)
-				continue
-			}
-			cs = append(cs, c)
-		}
-		if err := p.apply(ctx, cs); err != nil {
+		if err := p.drain(ctx, batch.Messages()); err != nil {
 			return nil // ctx ended
+		}
+	}
+	return nil
+}
+
+// drain applies a fetch's messages as they arrive: whenever no more is
+// waiting, those read so far are written, then acknowledged, so an event
+// is projected without waiting for the fetch to fill or expire. It
+// returns ctx's error when ctx ended before the writes.
+func (p *Projector) drain(ctx context.Context, in <-chan jetstream.Msg) error {
+	var msgs []jetstream.Msg
+	var cs []change
+	flush := func() error {
+		if err := p.apply(ctx, cs); err != nil {
+			return err
 		}
 		for _, m := range msgs {
 			if err := m.Ack(); err != nil {
 				p.log.Warn("rentalview: ack", "err", err)
 			}
 		}
+		msgs, cs = msgs[:0], cs[:0]
+		return nil
 	}
-	return nil
+	for {
+		var m jetstream.Msg
+		var ok bool
+		select {
+		case m, ok = <-in:
+		default:
+			if len(msgs) > 0 {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			m, ok = <-in
+		}
+		if !ok {
+			return flush()
+		}
+		msgs = append(msgs, m)
+		meta, err := m.Metadata()
+		if err != nil {
+			continue
+		}
+		c, err := decodeEvent(m.Subject(), m.Data(), meta.Sequence.Stream, meta.Timestamp)
+		if err != nil {
+			p.log.Warn("rentalview: event skipped", "err", err)
+			continue
+		}
+		cs = append(cs, c)
+	}
 }
 
 // apply writes a batch, retrying each failed record until it is written
 // or ctx ends (then it returns ctx's error).
 func (p *Projector) apply(ctx context.Context, cs []change) error {
 	keys, by := group(cs)
-	for _, k := range keys {
-		for {
-			err := p.store.write(ctx, k, by[k])
-			if err == nil {
-				break
+	// Records are independent: up to writers of them are written at once,
+	// each record's events in stream order by one writer.
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range min(writers, len(keys)) {
+		wg.Go(func() {
+			for k := range work {
+				p.writeRecord(ctx, k, by[k])
 			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			p.log.Warn("rentalview: write", "err", err)
-			sleep(ctx, writeRetry)
-		}
+		})
 	}
-	return nil
+	for _, k := range keys {
+		work <- k
+	}
+	close(work)
+	wg.Wait()
+	return ctx.Err()
+}
+
+// writeRecord writes one record's changes, again after a failure, until
+// it is written or ctx ends.
+func (p *Projector) writeRecord(ctx context.Context, k string, cs []change) {
+	for {
+		err := p.store.write(ctx, k, cs)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		p.log.Warn("rentalview: write", "err", err)
+		sleep(ctx, writeRetry)
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -76,8 +76,14 @@ func testOptions() app.Options {
 
 func newHarness(t testing.TB, replicas int, opts app.Options) *harness {
 	t.Helper()
+	return newHarnessOn(t, replicas, opts)
+}
+
+// newHarnessOn is newHarness on a platform started with popts.
+func newHarnessOn(t testing.TB, replicas int, opts app.Options, popts ...testkit.PlatformOption) *harness {
+	t.Helper()
 	decoders.Do(func() { openapi3filter.RegisterBodyDecoder("text/event-stream", openapi3filter.PlainBodyDecoder) })
-	d := testkit.Platform(t)
+	d := testkit.Platform(t, popts...)
 	doc, err := api.Load(t.Context())
 	if err != nil {
 		t.Fatal(err)
