@@ -31,8 +31,12 @@ type AuditRecord struct {
 }
 
 // audit appends the record of a state-changing call once it has been
-// answered. A failure to record is logged: the answer has gone already.
+// answered. A failure to record is logged: the answer has gone already
+// (it is flushed first, so the caller does not wait for the record).
 func (g *Gateway) audit(r *http.Request, rt route, c *call, sw *statusWriter) {
+	if sw.status != 0 {
+		sw.Flush()
+	}
 	rec := AuditRecord{At: g.now().UTC(), RequestID: requestID(r.Context()), KeyID: c.key.ID, Tenant: c.tenant,
 		Action: rt.action, Method: r.Method, Route: rt.path, Path: r.URL.Path, RentalID: c.rentalID,
 		Status: sw.status, Remote: r.RemoteAddr, Forwarded: r.Header.Get("X-Forwarded-For"), UserAgent: r.UserAgent()}
