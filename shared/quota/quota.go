@@ -108,42 +108,8 @@ func CheckTenant(tenant string) error {
 	return nil
 }
 
-// A KV key allows [-/_=.A-Za-z0-9]; a tenant token allows almost any byte
-// but '.', '*', '>' and white space. key keeps [-_A-Za-z0-9] and writes
-// every other byte as "=XX" (two upper-case hex digits), '=' too, so the
-// mapping is one to one (the same escaping as shared/rentalview's keys).
-func key(tenant string) string {
-	var b strings.Builder
-	for i := 0; i < len(tenant); i++ {
-		c := tenant[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
-			b.WriteByte(c)
-		default:
-			fmt.Fprintf(&b, "=%02X", c)
-		}
-	}
-	return b.String()
-}
+// key is the tenant's key in QUOTAS (subject.KeyToken: one to one, any
+// tenant token a valid key); tenantOf reverses it.
+func key(tenant string) string { return subject.KeyToken(tenant) }
 
-// tenantOf reverses key; ok is false for a key key cannot produce.
-func tenantOf(k string) (string, bool) {
-	var b strings.Builder
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
-			b.WriteByte(c)
-		case c == '=' && i+2 < len(k):
-			var v byte
-			if _, err := fmt.Sscanf(k[i+1:i+3], "%02X", &v); err != nil || key(string([]byte{v})) != k[i:i+3] {
-				return "", false
-			}
-			b.WriteByte(v)
-			i += 2
-		default:
-			return "", false
-		}
-	}
-	return b.String(), true
-}
+func tenantOf(k string) (string, bool) { return subject.ParseKeyToken(k) }

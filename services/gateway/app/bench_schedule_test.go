@@ -165,8 +165,11 @@ func createAndFollow(ctx context.Context, client *http.Client, url, key string, 
 	}
 	err = json.NewDecoder(resp.Body).Decode(&created)
 	_ = resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusCreated {
-		return 0, fmt.Errorf("POST /v1/rentals: %d %v", resp.StatusCode, err)
+	if err != nil {
+		return 0, fmt.Errorf("POST /v1/rentals: %d: %w", resp.StatusCode, err)
+	}
+	if resp.StatusCode != http.StatusCreated {
+		return 0, fmt.Errorf("POST /v1/rentals: %d", resp.StatusCode)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

@@ -10,11 +10,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shizu-gpu/shizu/shared/budget"
+	"github.com/shizu-gpu/shizu/shared/subject"
 	"github.com/shizu-gpu/shizu/shared/topology"
 )
 
@@ -52,22 +52,10 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Store, error) {
 	return &Store{kv: kv}, nil
 }
 
-// Key is the tenant's key: its bytes outside [A-Za-z0-9_-] escaped as
-// =XX, so every valid tenant token is a valid key and two tenants never
-// share one.
-func Key(tenant string) string {
-	var b strings.Builder
-	for i := 0; i < len(tenant); i++ {
-		c := tenant[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-':
-			b.WriteByte(c)
-		default:
-			fmt.Fprintf(&b, "=%02X", c)
-		}
-	}
-	return b.String()
-}
+// Key is the tenant's key (subject.KeyToken: its bytes outside
+// [A-Za-z0-9_-] escaped as =XX, so every valid tenant token is a valid key
+// and two tenants never share one).
+func Key(tenant string) string { return subject.KeyToken(tenant) }
 
 // Get is the tenant's state; false when it has none.
 func (s *Store) Get(ctx context.Context, tenant string) (budget.State, bool, error) {
