@@ -76,6 +76,27 @@ func TestDevStartsThePlatformAndStopsOnInterrupt(t *testing.T) {
 	if err := api.do(t.Context(), request{method: http.MethodGet, path: "/v1/rentals"}, nil); err != nil {
 		t.Fatalf("the env file's key on the env file's gateway: %v", err)
 	}
+	// The catalogue lists the prices dev's metering bills at.
+	var models struct {
+		Models []struct {
+			Model string `json:"model"`
+			Price *struct {
+				PerHour int64 `json:"per_gpu_hour_micros"`
+			} `json:"on_demand_price"`
+		} `json:"models"`
+	}
+	if err := api.do(t.Context(), request{method: http.MethodGet, path: "/v1/models"}, &models); err != nil {
+		t.Fatalf("GET /v1/models: %v", err)
+	}
+	priced := 0
+	for _, m := range models.Models {
+		if m.Price != nil && m.Price.PerHour > 0 {
+			priced++
+		}
+	}
+	if priced == 0 {
+		t.Fatalf("GET /v1/models lists %d models and no price: %+v", len(models.Models), models.Models)
+	}
 	if fi, err := os.Stat(filepath.Join(data, "env")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("env file mode: %v %v", fi, err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	gateway "github.com/shizu-gpu/shizu/services/gateway/app"
 	"github.com/shizu-gpu/shizu/services/gateway/identity"
+	"github.com/shizu-gpu/shizu/services/metering/pricing"
 	"github.com/shizu-gpu/shizu/shared/bus"
 	"github.com/shizu-gpu/shizu/shared/fault"
 	"github.com/shizu-gpu/shizu/shared/topology"
@@ -42,6 +43,16 @@ type devKeys struct {
 	created bool
 }
 
+// writeDevCatalogue writes the shipped price catalogue into the data
+// folder and returns its path.
+func writeDevCatalogue(dir string) (string, error) {
+	path := filepath.Join(dir, "catalogue.json")
+	if err := os.WriteFile(path, pricing.ShippedFile(), 0o644); err != nil {
+		return "", fmt.Errorf("write the price catalogue: %w", err)
+	}
+	return path, nil
+}
+
 // gatewayUnit configures the gateway as one of the services: its own NATS
 // user, the API on 127.0.0.1:<-api-port> (a free port when taken).
 func (s *devStack) gatewayUnit() serviceUnit {
@@ -53,6 +64,13 @@ func (s *devStack) gatewayUnit() serviceUnit {
 	cfg.RatePerSecond, cfg.RateBurst = 200, 400
 	// A developer's webhook receiver is usually a local http server.
 	cfg.WebhookLoopback = true
+	// GET /v1/models answers the prices metering bills at: the shipped
+	// catalogue, which dev's metering uses, written where the gateway reads it.
+	if path, err := writeDevCatalogue(s.dataDir); err != nil {
+		s.notes = append(s.notes, "note: GET /v1/models lists no prices: "+err.Error())
+	} else {
+		cfg.CataloguePath = path
+	}
 	port, note := pickPort(s.o.apiPort, "gateway")
 	s.notes = append(s.notes, note)
 	cfg.Listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))

@@ -277,6 +277,11 @@ func (c *Catalogue) BillableMilli(model, migProfile string, milliGPU int32) (int
 //go:embed catalogue.json
 var shipped []byte
 
+// ShippedFile is the shipped catalogue's file (pricing/catalogue.json), for
+// a stack that hands the same prices to another process (shizu dev gives it
+// to the gateway's -catalogue).
+func ShippedFile() []byte { return append([]byte(nil), shipped...) }
+
 // Shipped is the catalogue that ships with Shizu (pricing/catalogue.json),
 // used when no catalogue file is configured.
 func Shipped() (*Catalogue, error) {
