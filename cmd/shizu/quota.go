@@ -33,6 +33,34 @@ var quotaVerb = verb{
 	},
 }
 
+// quotaTenant checks a show or delete command line: no arguments, a
+// tenant that is a subject token.
+func quotaTenant(args []string, tenant string) error {
+	if len(args) > 0 {
+		return usagef("unexpected argument %q", args[0])
+	}
+	if err := quota.CheckTenant(tenant); err != nil {
+		return usagef("-tenant: %s", oneLine(err))
+	}
+	return nil
+}
+
+// openQuotas connects as cf says and binds the QUOTAS bucket; done closes
+// the connection.
+func openQuotas(ctx context.Context, cf *clientFlags) (*quota.Store, resolved, func(), error) {
+	conn, r, err := cf.connect(ctx)
+	if err != nil {
+		return nil, r, nil, err
+	}
+	done := func() { _ = conn.Close(context.WithoutCancel(ctx)) }
+	qs, err := quota.Open(ctx, conn.JetStream())
+	if err != nil {
+		done()
+		return nil, r, nil, err
+	}
+	return qs, r, done, nil
+}
+
 var quotaSetVerb = verb{
 	name:    "quota set",
 	summary: "Set a tenant's quota (replacing the one it had): every scheduler replica enforces it on the tenant's next reservations.",
@@ -55,15 +83,11 @@ var quotaSetVerb = verb{
 			if err != nil {
 				return err
 			}
-			conn, _, err := cf.connect(ctx)
+			qs, _, done, err := openQuotas(ctx, &cf)
 			if err != nil {
 				return err
 			}
-			defer conn.Close(context.WithoutCancel(ctx))
-			qs, err := quota.Open(ctx, conn.JetStream())
-			if err != nil {
-				return err
-			}
+			defer done()
 			if err := qs.Put(ctx, *tenant, l); err != nil {
 				return err
 			}
@@ -88,21 +112,14 @@ var quotaShowVerb = verb{
 		cf.register(fs)
 		tenant := fs.String("tenant", "", "the tenant; required")
 		return func(ctx context.Context, args []string, stdout io.Writer) error {
-			if len(args) > 0 {
-				return usagef("unexpected argument %q", args[0])
+			if err := quotaTenant(args, *tenant); err != nil {
+				return err
 			}
-			if err := quota.CheckTenant(*tenant); err != nil {
-				return usagef("-tenant: %s", oneLine(err))
-			}
-			conn, r, err := cf.connect(ctx)
+			qs, r, done, err := openQuotas(ctx, &cf)
 			if err != nil {
 				return err
 			}
-			defer conn.Close(context.WithoutCancel(ctx))
-			qs, err := quota.Open(ctx, conn.JetStream())
-			if err != nil {
-				return err
-			}
+			defer done()
 			l, ok, err := qs.Get(ctx, *tenant)
 			if err != nil {
 				return err
@@ -126,21 +143,14 @@ var quotaDeleteVerb = verb{
 		cf.register(fs)
 		tenant := fs.String("tenant", "", "the tenant; required")
 		return func(ctx context.Context, args []string, stdout io.Writer) error {
-			if len(args) > 0 {
-				return usagef("unexpected argument %q", args[0])
+			if err := quotaTenant(args, *tenant); err != nil {
+				return err
 			}
-			if err := quota.CheckTenant(*tenant); err != nil {
-				return usagef("-tenant: %s", oneLine(err))
-			}
-			conn, _, err := cf.connect(ctx)
+			qs, _, done, err := openQuotas(ctx, &cf)
 			if err != nil {
 				return err
 			}
-			defer conn.Close(context.WithoutCancel(ctx))
-			qs, err := quota.Open(ctx, conn.JetStream())
-			if err != nil {
-				return err
-			}
+			defer done()
 			if err := qs.Delete(ctx, *tenant); err != nil {
 				return err
 			}
