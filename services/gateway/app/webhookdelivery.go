@@ -9,9 +9,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -76,7 +79,9 @@ func newDeliverer(ctx context.Context, g *Gateway, js jetstream.JetStream) (*del
 	if err != nil {
 		return nil, fmt.Errorf("webhook consumer: %w", err)
 	}
-	client := &http.Client{Timeout: hookAttemptWait, CheckRedirect: func(*http.Request, []*http.Request) error {
+	dialer := &net.Dialer{Timeout: hookAttemptWait, Control: hookDialGuard(g.opts.WebhookLoopback)}
+	transport := &http.Transport{DialContext: dialer.DialContext, TLSHandshakeTimeout: hookAttemptWait, ForceAttemptHTTP2: true}
+	client := &http.Client{Timeout: hookAttemptWait, Transport: transport, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse // a delivery is not redirected elsewhere
 	}}
 	return &deliverer{g: g, cons: cons, client: client, queues: map[string]chan hookJob{}, last: map[string]string{}}, nil
@@ -249,5 +254,32 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
 	case <-t.C:
+	}
+}
+
+// hookDialGuard refuses a webhook connection to an address inside the
+// platform's network: private, loopback (unless allowLoopback, for shizu dev
+// and tests), link-local (cloud metadata services), unspecified or
+// multicast. It sees the resolved address, so a name that resolves to one
+// (or is re-pointed to one after the webhook was registered) is refused too.
+func hookDialGuard(allowLoopback bool) func(network, address string, _ syscall.RawConn) error {
+	return func(_, address string, _ syscall.RawConn) error {
+		host, _, err := net.SplitHostPort(address)
+		if err != nil {
+			return fmt.Errorf("webhook address %q: %w", address, err)
+		}
+		ip, err := netip.ParseAddr(host)
+		if err != nil {
+			return fmt.Errorf("webhook address %q: %w", address, err)
+		}
+		ip = ip.Unmap()
+		switch {
+		case ip.IsLoopback() && allowLoopback:
+			return nil
+		case ip.IsLoopback(), ip.IsPrivate(), ip.IsLinkLocalUnicast(), ip.IsLinkLocalMulticast(),
+			ip.IsUnspecified(), ip.IsMulticast(), ip.IsInterfaceLocalMulticast():
+			return fmt.Errorf("webhook address %s is not a public address: refused", ip)
+		}
+		return nil
 	}
 }
